@@ -1,0 +1,294 @@
+"""The cost model of docs/architecture.md: the objective every pipeline planner minimises.
+
+For stage k (layers a..e, devices G, S stages):
+
+- compute ``C = 1 / sum_d 1/t_d`` with ``t_d`` the stage's forward + backward time on device d
+  (its ``layer_times`` if measured, else reference time / speed);
+- replica sync ``Y = 2 (n-1)/n * P / (slowest link inside G)`` for n = |G| > 1;
+- stage time ``T_k = max(C, Y)``;
+- boundary ``X_k = max over d in G_k, d' in G_k+1 of 2 (output_bytes[e] / bw + latency)``;
+- period ``= max_k max(T_k, X_k)``, throughput ``= batch_size / period``;
+- memory of a device of stage k under 1F1B with weight stashing ``(S-k)(P+A) + 2P``.
+
+With a Duan-Wu ``beta`` allocation, C becomes ``max(F / sum_j beta_j f_j, B / sum_j (1-beta_j)
+b_j)`` over the resources j of the stage's devices (see :mod:`orchestrator.allocation`).
+
+:class:`CostModel` precomputes prefix sums once per (profile, devices) pair so that planners can
+ask for thousands of stage times cheaply; :func:`evaluate` is the one place a plan's
+``predicted`` figures come from.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import numpy as np
+import numpy.typing as npt
+
+from orchestrator.errors import PlanningError
+from orchestrator.formats import (
+    DeviceSet,
+    ModelProfile,
+    Plan,
+    Prediction,
+    Stage,
+    check_compatible,
+    check_stages,
+)
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, eq=False)
+class CostModel:
+    """Per-device prefix sums of layer times, and the link matrices, for one profile and one
+    device set. Devices are addressed by their index in ``devices.devices``."""
+
+    profile: ModelProfile
+    devices: DeviceSet
+    fwd_prefix: FloatArray  # [N, L+1] cumulative forward time on each device
+    bwd_prefix: FloatArray  # [N, L+1] cumulative backward time on each device
+    ref_fwd_prefix: FloatArray  # [L+1] cumulative reference forward time
+    ref_bwd_prefix: FloatArray  # [L+1]
+    param_prefix: FloatArray  # [L+1] cumulative parameter bytes
+    act_prefix: FloatArray  # [L+1] cumulative activation bytes
+    output_bytes: FloatArray  # [L]
+    bandwidth_bps: FloatArray  # [N, N], diagonal inf
+    latency_s: FloatArray  # [N, N], diagonal 0
+    memory_bytes: FloatArray  # [N]
+
+    @property
+    def num_layers(self) -> int:
+        return self.profile.num_layers
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices.devices)
+
+    @property
+    def work_prefix(self) -> FloatArray:
+        """[N, L+1] cumulative forward + backward time on each device."""
+        return self.fwd_prefix + self.bwd_prefix
+
+    def index(self, device_id: str) -> int:
+        return self.devices.ids.index(device_id)
+
+    # ---- single stage figures (layers a..e inclusive, devices by index)
+
+    def device_s(self, d: int, a: int, e: int) -> float:
+        """t_d: forward + backward time of layers a..e on device d."""
+        return float(self.fwd_prefix[d, e + 1] - self.fwd_prefix[d, a]
+                     + self.bwd_prefix[d, e + 1] - self.bwd_prefix[d, a])
+
+    def compute_s(self, a: int, e: int, group: Sequence[int]) -> float:
+        """C: the replicas of a stage share its micro-batches in proportion to their speed."""
+        times = [self.device_s(d, a, e) for d in group]
+        if any(t <= 0 for t in times):
+            return 0.0
+        return 1.0 / sum(1.0 / t for t in times)
+
+    def params_bytes(self, a: int, e: int) -> float:
+        return float(self.param_prefix[e + 1] - self.param_prefix[a])
+
+    def sync_s(self, a: int, e: int, group: Sequence[int]) -> float:
+        """Y: ring all-reduce of the stage's parameters among its replicas."""
+        n = len(group)
+        if n <= 1:
+            return 0.0
+        slowest = min(self.bandwidth_bps[x, y] for x in group for y in group if x != y)
+        return 2.0 * (n - 1) / n * self.params_bytes(a, e) / float(slowest)
+
+    def boundary_s(self, e: int, upstream: Sequence[int], downstream: Sequence[int]) -> float:
+        """X: activation forward and gradient back across the cut after layer e."""
+        size = float(self.output_bytes[e])
+        return max(2.0 * (size / float(self.bandwidth_bps[x, y]) + float(self.latency_s[x, y]))
+                   for x in upstream for y in downstream)
+
+    def memory_need_bytes(self, a: int, e: int, k: int, num_stages: int) -> float:
+        """Bytes a device of stage k needs: (S-k) stashed versions of weights and activations
+        plus the current weights and their gradients."""
+        params = self.params_bytes(a, e)
+        acts = float(self.act_prefix[e + 1] - self.act_prefix[a])
+        return (num_stages - k) * (params + acts) + 2.0 * params
+
+    # ---- Duan-Wu resource rates
+
+    def resource_rates(self, a: int, e: int, group: Sequence[int]
+                       ) -> tuple[list[tuple[str, str]], list[float], list[float]]:
+        """For each resource of the stage's devices, the fraction of the stage's forward and of
+        its backward work it completes per second when given wholly to that pass.
+
+        A resource j of device d owns ``speed_j / sum speed`` of the device's forward throughput
+        (``backward_speed_j / sum backward_speed`` of the backward). The device's full-power
+        times are its measured ``layer_times`` where present, else reference work / summed
+        (backward) speed. A pass with no work gets an infinite rate.
+        """
+        names: list[tuple[str, str]] = []
+        rf: list[float] = []
+        rb: list[float] = []
+        ref_f = float(self.ref_fwd_prefix[e + 1] - self.ref_fwd_prefix[a])
+        ref_b = float(self.ref_bwd_prefix[e + 1] - self.ref_bwd_prefix[a])
+        for d in group:
+            dev = self.devices.devices[d]
+            res = dev.compute_resources
+            total_f = sum(r.speed for r in res)
+            total_b = sum(r.backward_speed for r in res)
+            if dev.layer_times is not None:
+                dev_f = float(self.fwd_prefix[d, e + 1] - self.fwd_prefix[d, a])
+                dev_b = float(self.bwd_prefix[d, e + 1] - self.bwd_prefix[d, a])
+            else:
+                dev_f, dev_b = ref_f / total_f, ref_b / total_b
+            for r in res:
+                names.append((dev.id, r.kind))
+                rf.append(math.inf if dev_f <= 0 else (r.speed / total_f) / dev_f)
+                rb.append(math.inf if dev_b <= 0 else (r.backward_speed / total_b) / dev_b)
+        return names, rf, rb
+
+
+def build_cost_model(profile: ModelProfile, devices: DeviceSet) -> CostModel:
+    """Precompute the cost model for a profile on a device set (raises on incompatible input)."""
+    check_compatible(profile, devices)
+    layers = profile.layers
+    n = len(devices.devices)
+    ref_f = np.array([la.forward_s for la in layers], dtype=np.float64)
+    ref_b = np.array([la.backward_s for la in layers], dtype=np.float64)
+    fwd = np.empty((n, len(layers)))
+    bwd = np.empty((n, len(layers)))
+    for d, dev in enumerate(devices.devices):
+        if dev.layer_times is not None:
+            fwd[d] = dev.layer_times.forward_s
+            bwd[d] = dev.layer_times.backward_s
+        else:
+            fwd[d] = ref_f / dev.speed
+            bwd[d] = ref_b / dev.speed
+    bandwidth = np.full((n, n), np.inf)
+    latency = np.zeros((n, n))
+    ids = devices.ids
+    for x in range(n):
+        for y in range(n):
+            if x != y:
+                bandwidth[x, y] = devices.bandwidth_bps(ids[x], ids[y])
+                latency[x, y] = devices.latency_s(ids[x], ids[y])
+
+    def prefix(values: FloatArray) -> FloatArray:
+        out = np.zeros(values.shape[:-1] + (values.shape[-1] + 1,))
+        np.cumsum(values, axis=-1, out=out[..., 1:])
+        return out
+
+    return CostModel(
+        profile=profile,
+        devices=devices,
+        fwd_prefix=prefix(fwd),
+        bwd_prefix=prefix(bwd),
+        ref_fwd_prefix=prefix(ref_f),
+        ref_bwd_prefix=prefix(ref_b),
+        param_prefix=prefix(np.array([la.param_bytes for la in layers], dtype=np.float64)),
+        act_prefix=prefix(np.array([la.activation_bytes for la in layers], dtype=np.float64)),
+        output_bytes=np.array([la.output_bytes for la in layers], dtype=np.float64),
+        bandwidth_bps=bandwidth,
+        latency_s=latency,
+        memory_bytes=np.array([d.memory_bytes for d in devices.devices], dtype=np.float64),
+    )
+
+
+def beta_compute_s(rf: Sequence[float], rb: Sequence[float], beta: Sequence[float]) -> float:
+    """C under a forward/backward split: forward and backward of different micro-batches run at
+    once, resource j giving a fraction beta_j of itself to the forward pass."""
+    forward_rate = sum(b * r for b, r in zip(beta, rf, strict=True) if b > 0)
+    backward_rate = sum((1 - b) * r for b, r in zip(beta, rb, strict=True) if b < 1)
+    no_forward = all(math.isinf(r) for r in rf)
+    no_backward = all(math.isinf(r) for r in rb)
+    f = 0.0 if no_forward else (math.inf if forward_rate <= 0 else 1.0 / forward_rate)
+    b = 0.0 if no_backward else (math.inf if backward_rate <= 0 else 1.0 / backward_rate)
+    return max(f, b)
+
+
+@dataclass(frozen=True)
+class StageFigures:
+    compute_s: float
+    sync_s: float
+
+    @property
+    def time_s(self) -> float:
+        return max(self.compute_s, self.sync_s)
+
+
+def stage_figures(cm: CostModel, stage: Stage, *,
+                  beta: Mapping[str, Mapping[str, float]] | None = None) -> StageFigures:
+    group = [cm.index(d) for d in stage.devices]
+    a, e = stage.layers
+    if beta is None:
+        compute = cm.compute_s(a, e, group)
+    else:
+        names, rf, rb = cm.resource_rates(a, e, group)
+        fractions = []
+        for dev_id, kind in names:
+            if dev_id not in beta or kind not in beta[dev_id]:
+                raise PlanningError(f"beta has no fraction for resource {kind!r} of device "
+                                    f"{dev_id!r}")
+            fractions.append(beta[dev_id][kind])
+        compute = beta_compute_s(rf, rb, fractions)
+    return StageFigures(compute_s=compute, sync_s=cm.sync_s(a, e, group))
+
+
+def evaluate(cm: CostModel, stages: Sequence[Stage], *,
+             beta: Mapping[str, Mapping[str, float]] | None = None) -> Prediction:
+    """Apply the cost model to a sequence of stages: period, bottleneck, throughput, memory."""
+    check_stages(stages, num_layers=cm.num_layers, device_ids=cm.devices.ids)
+    num_stages = len(stages)
+    # (time, label) in pipeline order; the first of equal maxima names the bottleneck.
+    parts: list[tuple[float, str]] = []
+    stage_s: list[float] = []
+    boundary_s: list[float] = []
+    need: dict[str, int] = {}
+    memory_ok = True
+    for k, stage in enumerate(stages):
+        fig = stage_figures(cm, stage, beta=beta)
+        stage_s.append(fig.time_s)
+        parts.append((fig.compute_s, f"stage {k} compute"))
+        if fig.sync_s > 0:
+            parts.append((fig.sync_s, f"stage {k} sync"))
+        a, e = stage.layers
+        bytes_needed = cm.memory_need_bytes(a, e, k, num_stages)
+        for dev_id in stage.devices:
+            need[dev_id] = math.ceil(bytes_needed)
+            if bytes_needed > cm.memory_bytes[cm.index(dev_id)]:
+                memory_ok = False
+        if k + 1 < num_stages:
+            x = cm.boundary_s(e, [cm.index(d) for d in stage.devices],
+                              [cm.index(d) for d in stages[k + 1].devices])
+            boundary_s.append(x)
+            parts.append((x, f"boundary {k}->{k + 1}"))
+    period, label = max(parts, key=lambda p: p[0])
+    if period <= 0:
+        raise PlanningError("the plan's period is zero: its layers have no work and no "
+                            "transfers")
+    return Prediction(
+        period_s=period,
+        bottleneck=label,
+        throughput_sps=cm.profile.batch_size / period,
+        memory_ok=memory_ok,
+        stage_s=tuple(stage_s),
+        boundary_s=tuple(boundary_s),
+        memory_need_bytes=MappingProxyType(need),
+    )
+
+
+def evaluate_plan(cm: CostModel, plan: Plan) -> Prediction:
+    return evaluate(cm, plan.stages, beta=plan.beta)
+
+
+def memory_shortfall(cm: CostModel, stages: Sequence[Stage], prediction: Prediction) -> str:
+    """A sentence naming the device whose memory a plan overruns the most."""
+    worst = max(stages_devices(stages),
+                key=lambda d: prediction.memory_need_bytes[d] - cm.memory_bytes[cm.index(d)])
+    have = int(cm.memory_bytes[cm.index(worst)])
+    return (f"device {worst!r} needs {prediction.memory_need_bytes[worst]:,} bytes "
+            f"but has {have:,}")
+
+
+def stages_devices(stages: Sequence[Stage]) -> list[str]:
+    return [d for s in stages for d in s.devices]

@@ -1,0 +1,657 @@
+"""The shared JSON formats: model profiles, device sets and plans (docs/architecture.md).
+
+Parsing is strict: a missing field, an unknown field (usually a typo that would otherwise be a
+silent default), a negative or non-finite number, ``layer_times`` of the wrong length, a plan that
+skips or repeats a layer or names an unknown device all raise :class:`FormatError` naming the
+file, the field and the value. Every dataclass is frozen and round-trips through ``to_json``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from orchestrator.errors import FormatError
+
+SCHEDULES = ("1f1b", "gpipe")
+
+
+# --------------------------------------------------------------------------- reading helpers
+
+
+@dataclass(frozen=True)
+class _At:
+    """A position in an input document: its file and the JSON path of a value."""
+
+    file: str
+    path: str = ""
+
+    def key(self, name: str) -> _At:
+        return _At(self.file, f"{self.path}.{name}" if self.path else name)
+
+    def index(self, i: int) -> _At:
+        return _At(self.file, f"{self.path}[{i}]")
+
+    def fail(self, reason: str, value: Any = None, *, show_value: bool = True) -> FormatError:
+        return FormatError(reason, file=self.file, field=self.path, value=value,
+                           show_value=show_value)
+
+
+def _object(raw: Any, at: _At, required: Sequence[str], optional: Sequence[str] = ()) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise at.fail(f"must be a JSON object, not {type(raw).__name__}", show_value=False)
+    missing = [k for k in required if k not in raw]
+    if missing:
+        raise at.key(missing[0]).fail("is missing", show_value=False)
+    known = set(required) | set(optional)
+    unknown = sorted(k for k in raw if k not in known)
+    if unknown:
+        raise at.key(unknown[0]).fail(
+            f"is not a known field (known: {', '.join(sorted(known))})", show_value=False)
+    return raw
+
+
+def _number(raw: Any, at: _At, *, positive: bool = False, allow_zero: bool = True) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+        raise at.fail("must be a number", raw)
+    value = float(raw)
+    if not math.isfinite(value):
+        raise at.fail("must be finite", raw)
+    if value < 0:
+        raise at.fail("must not be negative", raw)
+    if (positive or not allow_zero) and value == 0:
+        raise at.fail("must be greater than zero", raw)
+    return value
+
+
+def _integer(raw: Any, at: _At, *, minimum: int = 0) -> int:
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+        raise at.fail("must be an integer", raw)
+    if isinstance(raw, float) and (not math.isfinite(raw) or not raw.is_integer()):
+        raise at.fail("must be an integer", raw)
+    value = int(raw)
+    if value < minimum:
+        raise at.fail(f"must be at least {minimum}", raw)
+    return value
+
+
+def _string(raw: Any, at: _At) -> str:
+    if not isinstance(raw, str) or not raw.strip():
+        raise at.fail("must be a non-empty string", raw)
+    return raw
+
+
+def _list(raw: Any, at: _At, *, nonempty: bool = True) -> list[Any]:
+    if not isinstance(raw, list):
+        raise at.fail(f"must be a JSON array, not {type(raw).__name__}", show_value=False)
+    if nonempty and not raw:
+        raise at.fail("must not be empty", show_value=False)
+    return raw
+
+
+def read_json(path: str | Path) -> Any:
+    """Read a JSON file, turning I/O and syntax problems into a FormatError naming the file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FormatError("no such file", file=str(p)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FormatError(f"cannot be read: {exc}", file=str(p)) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise FormatError(f"is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
+                          file=str(p)) from None
+
+
+# --------------------------------------------------------------------------- model profile
+
+
+@dataclass(frozen=True)
+class Layer:
+    """The smallest cuttable unit of a model, timed on the reference device."""
+
+    name: str
+    kind: str
+    forward_s: float
+    backward_s: float
+    output_bytes: int
+    param_bytes: int
+    activation_bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind, "forward_s": self.forward_s,
+                "backward_s": self.backward_s, "output_bytes": self.output_bytes,
+                "param_bytes": self.param_bytes, "activation_bytes": self.activation_bytes}
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """Per-layer times and sizes of one model for micro-batches of ``batch_size`` samples."""
+
+    model: str
+    batch_size: int
+    reference: str
+    layers: tuple[Layer, ...]
+    dataset: str | None = None
+    source: str | None = None
+    file: str = field(default="<input>", compare=False)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"model": self.model, "batch_size": self.batch_size,
+                               "reference": self.reference}
+        if self.dataset is not None:
+            out["dataset"] = self.dataset
+        if self.source is not None:
+            out["source"] = self.source
+        out["layers"] = [layer.to_json() for layer in self.layers]
+        return out
+
+
+_LAYER_FIELDS = ("name", "kind", "forward_s", "backward_s", "output_bytes", "param_bytes",
+                 "activation_bytes")
+
+
+def parse_profile(raw: Any, *, file: str = "<input>") -> ModelProfile:
+    """Validate a model-profile document and return it as a :class:`ModelProfile`."""
+    at = _At(file)
+    obj = _object(raw, at, ("model", "batch_size", "reference", "layers"), ("dataset", "source"))
+    layers = []
+    for i, raw_layer in enumerate(_list(obj["layers"], at.key("layers"))):
+        la = at.key("layers").index(i)
+        lo = _object(raw_layer, la, _LAYER_FIELDS)
+        layers.append(Layer(
+            name=_string(lo["name"], la.key("name")),
+            kind=_string(lo["kind"], la.key("kind")),
+            forward_s=_number(lo["forward_s"], la.key("forward_s")),
+            backward_s=_number(lo["backward_s"], la.key("backward_s")),
+            output_bytes=_integer(lo["output_bytes"], la.key("output_bytes")),
+            param_bytes=_integer(lo["param_bytes"], la.key("param_bytes")),
+            activation_bytes=_integer(lo["activation_bytes"], la.key("activation_bytes")),
+        ))
+    if sum(layer.forward_s + layer.backward_s for layer in layers) <= 0:
+        raise at.key("layers").fail("every layer has zero forward and backward time: "
+                                    "the model has no work to plan", show_value=False)
+    dataset = obj.get("dataset")
+    origin = obj.get("source")
+    return ModelProfile(
+        model=_string(obj["model"], at.key("model")),
+        batch_size=_integer(obj["batch_size"], at.key("batch_size"), minimum=1),
+        reference=_string(obj["reference"], at.key("reference")),
+        layers=tuple(layers),
+        dataset=None if dataset is None else _string(dataset, at.key("dataset")),
+        source=None if origin is None else _string(origin, at.key("source")),
+        file=file,
+    )
+
+
+def load_profile(path: str | Path) -> ModelProfile:
+    """Read and validate a model-profile JSON file."""
+    return parse_profile(read_json(path), file=str(path))
+
+
+# --------------------------------------------------------------------------- devices
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One compute resource of a device (a CPU, a GPU); Duan-Wu split each between forward and
+    backward work."""
+
+    kind: str
+    speed: float
+    backward_speed: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "speed": self.speed, "backward_speed": self.backward_speed}
+
+
+@dataclass(frozen=True)
+class LayerTimes:
+    """A device's own measured per-layer times; they replace reference time / speed."""
+
+    forward_s: tuple[float, ...]
+    backward_s: tuple[float, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"forward_s": list(self.forward_s), "backward_s": list(self.backward_s)}
+
+
+@dataclass(frozen=True)
+class Device:
+    id: str
+    speed: float
+    memory_bytes: int
+    bandwidth_bps: float
+    latency_s: float = 0.0
+    uplink_bps: float | None = None
+    downlink_bps: float | None = None
+    resources: tuple[Resource, ...] = ()
+    layer_times: LayerTimes | None = None
+    label: str | None = None
+
+    @property
+    def up_bps(self) -> float:
+        return self.bandwidth_bps if self.uplink_bps is None else self.uplink_bps
+
+    @property
+    def down_bps(self) -> float:
+        return self.bandwidth_bps if self.downlink_bps is None else self.downlink_bps
+
+    @property
+    def compute_resources(self) -> tuple[Resource, ...]:
+        """The device's resources; a device without ``resources`` is one CPU at ``speed``."""
+        return self.resources or (Resource("cpu", self.speed, self.speed),)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id}
+        if self.label is not None:
+            out["label"] = self.label
+        out.update(speed=self.speed, memory_bytes=self.memory_bytes,
+                   bandwidth_bps=self.bandwidth_bps, latency_s=self.latency_s)
+        if self.uplink_bps is not None:
+            out["uplink_bps"] = self.uplink_bps
+        if self.downlink_bps is not None:
+            out["downlink_bps"] = self.downlink_bps
+        if self.resources:
+            out["resources"] = [r.to_json() for r in self.resources]
+        if self.layer_times is not None:
+            out["layer_times"] = self.layer_times.to_json()
+        return out
+
+
+@dataclass(frozen=True)
+class Link:
+    a: str
+    b: str
+    bandwidth_bps: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"a": self.a, "b": self.b, "bandwidth_bps": self.bandwidth_bps}
+
+
+@dataclass(frozen=True)
+class DeviceSet:
+    """The devices of a testbed and the explicit links between some of them."""
+
+    devices: tuple[Device, ...]
+    links: tuple[Link, ...] = ()
+    file: str = field(default="<input>", compare=False)
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return tuple(d.id for d in self.devices)
+
+    def device(self, device_id: str) -> Device:
+        for d in self.devices:
+            if d.id == device_id:
+                return d
+        raise KeyError(device_id)
+
+    def bandwidth_bps(self, a: str, b: str) -> float:
+        """The link entry between ``a`` and ``b`` if any, else the smaller of their bandwidths."""
+        for link in self.links:
+            if {link.a, link.b} == {a, b}:
+                return link.bandwidth_bps
+        return min(self.device(a).bandwidth_bps, self.device(b).bandwidth_bps)
+
+    def latency_s(self, a: str, b: str) -> float:
+        return max(self.device(a).latency_s, self.device(b).latency_s)
+
+    def subset(self, ids: Sequence[str]) -> DeviceSet:
+        """The named devices (in the given order) and the links among them."""
+        wanted = set(ids)
+        unknown = wanted - set(self.ids)
+        if unknown:
+            raise KeyError(sorted(unknown)[0])
+        return DeviceSet(devices=tuple(self.device(i) for i in ids),
+                         links=tuple(li for li in self.links if {li.a, li.b} <= wanted),
+                         file=self.file)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"devices": [d.to_json() for d in self.devices],
+                "links": [li.to_json() for li in self.links]}
+
+
+_DEVICE_REQUIRED = ("id", "memory_bytes", "bandwidth_bps")
+_DEVICE_OPTIONAL = ("speed", "latency_s", "uplink_bps", "downlink_bps", "resources", "layer_times",
+                    "label")
+
+
+def _parse_resources(raw: Any, at: _At) -> tuple[Resource, ...]:
+    out = []
+    seen: set[str] = set()
+    for j, raw_res in enumerate(_list(raw, at)):
+        ra = at.index(j)
+        ro = _object(raw_res, ra, ("kind", "speed"), ("backward_speed",))
+        kind = _string(ro["kind"], ra.key("kind"))
+        if kind in seen:
+            raise ra.key("kind").fail("is repeated: each resource kind may appear once per device",
+                                      kind)
+        seen.add(kind)
+        speed = _number(ro["speed"], ra.key("speed"), positive=True)
+        backward = (speed if "backward_speed" not in ro
+                    else _number(ro["backward_speed"], ra.key("backward_speed"), positive=True))
+        out.append(Resource(kind=kind, speed=speed, backward_speed=backward))
+    return tuple(out)
+
+
+def _parse_layer_times(raw: Any, at: _At) -> LayerTimes:
+    obj = _object(raw, at, ("forward_s", "backward_s"))
+    columns = []
+    for name in ("forward_s", "backward_s"):
+        ca = at.key(name)
+        columns.append(tuple(_number(v, ca.index(i)) for i, v in enumerate(_list(obj[name], ca))))
+    if len(columns[0]) != len(columns[1]):
+        raise at.key("backward_s").fail(
+            f"has {len(columns[1])} entries but forward_s has {len(columns[0])}", show_value=False)
+    return LayerTimes(forward_s=columns[0], backward_s=columns[1])
+
+
+def _parse_device(raw: Any, at: _At) -> Device:
+    obj = _object(raw, at, _DEVICE_REQUIRED, _DEVICE_OPTIONAL)
+    resources = (_parse_resources(obj["resources"], at.key("resources"))
+                 if "resources" in obj else ())
+    if "speed" in obj:
+        speed = _number(obj["speed"], at.key("speed"), positive=True)
+        if resources:
+            total = sum(r.speed for r in resources)
+            if not math.isclose(speed, total, rel_tol=1e-6):
+                raise at.key("speed").fail(
+                    f"must equal the sum of the resources' speeds ({total:g})", obj["speed"])
+    elif resources:
+        speed = sum(r.speed for r in resources)
+    else:
+        raise at.key("speed").fail("is missing (give speed or resources)", show_value=False)
+    optional_bps = {}
+    for name in ("uplink_bps", "downlink_bps"):
+        if name in obj:
+            optional_bps[name] = _number(obj[name], at.key(name), positive=True)
+    label = obj.get("label")
+    return Device(
+        id=_string(obj["id"], at.key("id")),
+        speed=speed,
+        memory_bytes=_integer(obj["memory_bytes"], at.key("memory_bytes"), minimum=1),
+        bandwidth_bps=_number(obj["bandwidth_bps"], at.key("bandwidth_bps"), positive=True),
+        latency_s=_number(obj.get("latency_s", 0.0), at.key("latency_s")),
+        uplink_bps=optional_bps.get("uplink_bps"),
+        downlink_bps=optional_bps.get("downlink_bps"),
+        resources=resources,
+        layer_times=(_parse_layer_times(obj["layer_times"], at.key("layer_times"))
+                     if "layer_times" in obj else None),
+        label=None if label is None else _string(label, at.key("label")),
+    )
+
+
+def parse_devices(raw: Any, *, file: str = "<input>") -> DeviceSet:
+    """Validate a devices document and return it as a :class:`DeviceSet`."""
+    at = _At(file)
+    obj = _object(raw, at, ("devices",), ("links",))
+    devices = []
+    seen: set[str] = set()
+    for i, raw_dev in enumerate(_list(obj["devices"], at.key("devices"))):
+        dev = _parse_device(raw_dev, at.key("devices").index(i))
+        if dev.id in seen:
+            raise at.key("devices").index(i).key("id").fail("is repeated", dev.id)
+        seen.add(dev.id)
+        devices.append(dev)
+    links = []
+    for i, raw_link in enumerate(_list(obj.get("links", []), at.key("links"), nonempty=False)):
+        la = at.key("links").index(i)
+        lo = _object(raw_link, la, ("a", "b", "bandwidth_bps"))
+        ends = []
+        for end in ("a", "b"):
+            name = _string(lo[end], la.key(end))
+            if name not in seen:
+                raise la.key(end).fail("is not a device of this set", name)
+            ends.append(name)
+        if ends[0] == ends[1]:
+            raise la.key("b").fail("links a device to itself", ends[1])
+        links.append(Link(a=ends[0], b=ends[1],
+                          bandwidth_bps=_number(lo["bandwidth_bps"], la.key("bandwidth_bps"),
+                                                positive=True)))
+    return DeviceSet(devices=tuple(devices), links=tuple(links), file=file)
+
+
+def load_devices(path: str | Path) -> DeviceSet:
+    """Read and validate a devices JSON file."""
+    return parse_devices(read_json(path), file=str(path))
+
+
+def check_compatible(profile: ModelProfile, devices: DeviceSet) -> None:
+    """Raise if a device's measured ``layer_times`` do not have one entry per profiled layer."""
+    for i, dev in enumerate(devices.devices):
+        if dev.layer_times is None:
+            continue
+        n = len(dev.layer_times.forward_s)
+        if n != profile.num_layers:
+            raise FormatError(
+                f"has {n} entries but the profile {profile.model!r} ({profile.file}) has "
+                f"{profile.num_layers} layers",
+                file=devices.file, field=f"devices[{i}].layer_times.forward_s")
+
+
+# --------------------------------------------------------------------------- plans
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A contiguous inclusive range of layers served by one device or by several replicas."""
+
+    layers: tuple[int, int]
+    devices: tuple[str, ...]
+
+    @property
+    def first(self) -> int:
+        return self.layers[0]
+
+    @property
+    def last(self) -> int:
+        return self.layers[1]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"layers": list(self.layers), "devices": list(self.devices)}
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What the cost model says of a plan (docs/architecture.md, "Cost model")."""
+
+    period_s: float
+    bottleneck: str
+    throughput_sps: float
+    memory_ok: bool
+    stage_s: tuple[float, ...] = ()
+    boundary_s: tuple[float, ...] = ()
+    memory_need_bytes: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"period_s": self.period_s, "bottleneck": self.bottleneck,
+                "throughput_sps": self.throughput_sps, "memory_ok": self.memory_ok,
+                "stage_s": list(self.stage_s), "boundary_s": list(self.boundary_s),
+                "memory_need_bytes": dict(self.memory_need_bytes)}
+
+
+@dataclass(frozen=True)
+class Bound:
+    """How good a plan is known to be: a proven lower bound on the best achievable period."""
+
+    lower_bound_s: float
+    exact: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"lower_bound_s": self.lower_bound_s, "exact": self.exact}
+
+
+@dataclass(frozen=True)
+class Plan:
+    algorithm: str
+    schedule: str
+    microbatches: int
+    stages: tuple[Stage, ...]
+    beta: Mapping[str, Mapping[str, float]] | None = None
+    predicted: Prediction | None = None
+    planner_s: float = 0.0
+    bound: Bound | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"algorithm": self.algorithm, "schedule": self.schedule,
+                               "microbatches": self.microbatches,
+                               "stages": [s.to_json() for s in self.stages]}
+        if self.beta is not None:
+            out["beta"] = {d: dict(r) for d, r in self.beta.items()}
+        if self.predicted is not None:
+            out["predicted"] = self.predicted.to_json()
+        out["planner_s"] = self.planner_s
+        if self.bound is not None:
+            out["bound"] = self.bound.to_json()
+        return out
+
+    @property
+    def device_ids(self) -> tuple[str, ...]:
+        return tuple(d for s in self.stages for d in s.devices)
+
+
+def freeze_beta(beta: Mapping[str, Mapping[str, float]]) -> Mapping[str, Mapping[str, float]]:
+    return MappingProxyType({d: MappingProxyType(dict(r)) for d, r in beta.items()})
+
+
+def check_stages(stages: Sequence[Stage], *, num_layers: int, device_ids: Sequence[str],
+                 at: _At | None = None) -> None:
+    """Raise unless the stages cover layers 0..num_layers-1 once, in order, on known devices
+    that each serve a single stage."""
+    at = at or _At("<plan>", "stages")
+    if not stages:
+        raise at.fail("must not be empty", show_value=False)
+    known = set(device_ids)
+    where_used: dict[str, int] = {}
+    expected = 0
+    for k, stage in enumerate(stages):
+        sa = at.index(k)
+        a, e = stage.layers
+        if a != expected:
+            if a > expected:
+                raise sa.key("layers").fail(
+                    f"skips layers {expected}..{a - 1} (the previous stage ends at {expected - 1})",
+                    list(stage.layers))
+            raise sa.key("layers").fail(
+                f"repeats layers {a}..{expected - 1} (already in an earlier stage)",
+                list(stage.layers))
+        if e < a:
+            raise sa.key("layers").fail("ends before it starts", list(stage.layers))
+        if e >= num_layers:
+            raise sa.key("layers").fail(f"goes past the last layer ({num_layers - 1})",
+                                        list(stage.layers))
+        if not stage.devices:
+            raise sa.key("devices").fail("must name at least one device", show_value=False)
+        for j, dev in enumerate(stage.devices):
+            if dev not in known:
+                raise sa.key("devices").index(j).fail("is not a known device", dev)
+            if dev in where_used:
+                raise sa.key("devices").index(j).fail(
+                    f"already serves stage {where_used[dev]}; a device serves one stage", dev)
+            where_used[dev] = k
+        expected = e + 1
+    if expected != num_layers:
+        raise at.fail(f"leave layers {expected}..{num_layers - 1} unassigned", show_value=False)
+
+
+def parse_plan(raw: Any, *, profile: ModelProfile, devices: DeviceSet,
+               file: str = "<input>") -> Plan:
+    """Validate a plan document against the profile and devices it is meant for.
+
+    ``predicted`` and ``planner_s`` are read back as given; call
+    :func:`orchestrator.cost.evaluate` to recompute the prediction.
+    """
+    at = _At(file)
+    obj = _object(raw, at, ("algorithm", "stages"),
+                  ("schedule", "microbatches", "beta", "predicted", "planner_s", "bound"))
+    schedule = obj.get("schedule", "1f1b")
+    if schedule not in SCHEDULES:
+        raise at.key("schedule").fail(f"must be one of {', '.join(SCHEDULES)}", schedule)
+    stages = []
+    for k, raw_stage in enumerate(_list(obj["stages"], at.key("stages"))):
+        sa = at.key("stages").index(k)
+        so = _object(raw_stage, sa, ("layers", "devices"))
+        bounds = _list(so["layers"], sa.key("layers"))
+        if len(bounds) != 2:
+            raise sa.key("layers").fail("must be [first, last]", bounds)
+        first = _integer(bounds[0], sa.key("layers").index(0))
+        last = _integer(bounds[1], sa.key("layers").index(1))
+        names = tuple(_string(d, sa.key("devices").index(j))
+                      for j, d in enumerate(_list(so["devices"], sa.key("devices"))))
+        stages.append(Stage(layers=(first, last), devices=names))
+    check_stages(stages, num_layers=profile.num_layers, device_ids=devices.ids,
+                 at=at.key("stages"))
+    beta = None
+    if obj.get("beta") is not None:
+        beta = _parse_beta(obj["beta"], at.key("beta"), devices)
+    predicted = None
+    if obj.get("predicted") is not None:
+        po = _object(obj["predicted"], at.key("predicted"),
+                     ("period_s", "bottleneck", "throughput_sps", "memory_ok"),
+                     ("stage_s", "boundary_s", "memory_need_bytes"))
+        pa = at.key("predicted")
+        predicted = Prediction(
+            period_s=_number(po["period_s"], pa.key("period_s")),
+            bottleneck=str(po["bottleneck"]),
+            throughput_sps=_number(po["throughput_sps"], pa.key("throughput_sps")),
+            memory_ok=bool(po["memory_ok"]),
+            stage_s=tuple(float(x) for x in po.get("stage_s", [])),
+            boundary_s=tuple(float(x) for x in po.get("boundary_s", [])),
+            memory_need_bytes=MappingProxyType(
+                {str(k): int(v) for k, v in po.get("memory_need_bytes", {}).items()}),
+        )
+    bound = None
+    if obj.get("bound") is not None:
+        bo = _object(obj["bound"], at.key("bound"), ("lower_bound_s", "exact"))
+        bound = Bound(lower_bound_s=_number(bo["lower_bound_s"], at.key("bound.lower_bound_s")),
+                      exact=bool(bo["exact"]))
+    return Plan(
+        algorithm=_string(obj["algorithm"], at.key("algorithm")),
+        schedule=schedule,
+        microbatches=_integer(obj.get("microbatches", 1), at.key("microbatches"), minimum=1),
+        stages=tuple(stages),
+        beta=beta,
+        predicted=predicted,
+        planner_s=_number(obj.get("planner_s", 0.0), at.key("planner_s")),
+        bound=bound,
+    )
+
+
+def _parse_beta(raw: Any, at: _At, devices: DeviceSet) -> Mapping[str, Mapping[str, float]]:
+    if not isinstance(raw, dict):
+        raise at.fail("must be a JSON object", show_value=False)
+    out: dict[str, dict[str, float]] = {}
+    for dev_id, per_resource in raw.items():
+        da = at.key(dev_id)
+        if dev_id not in devices.ids:
+            raise da.fail("is not a known device", dev_id)
+        if not isinstance(per_resource, dict):
+            raise da.fail("must map resource kinds to fractions", show_value=False)
+        kinds = {r.kind for r in devices.device(dev_id).compute_resources}
+        out[dev_id] = {}
+        for kind, value in per_resource.items():
+            if kind not in kinds:
+                raise da.key(kind).fail(f"is not a resource of this device ({', '.join(sorted(kinds))})",
+                                        kind)
+            fraction = _number(value, da.key(kind))
+            if fraction > 1:
+                raise da.key(kind).fail("must be between 0 and 1", value)
+            out[dev_id][kind] = fraction
+    return freeze_beta(out)
+
+
+def load_plan(path: str | Path, *, profile: ModelProfile, devices: DeviceSet) -> Plan:
+    """Read a plan JSON file and validate it against a profile and a device set."""
+    return parse_plan(read_json(path), profile=profile, devices=devices, file=str(path))
