@@ -42,7 +42,8 @@ class _At:
                            show_value=show_value)
 
 
-def _object(raw: Any, at: _At, required: Sequence[str], optional: Sequence[str] = ()) -> dict[str, Any]:
+def _object(raw: Any, at: _At, required: Sequence[str],
+            optional: Sequence[str] = ()) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise at.fail(f"must be a JSON object, not {type(raw).__name__}", show_value=False)
     missing = [k for k in required if k not in raw]
@@ -503,11 +504,18 @@ class Plan:
     predicted: Prediction | None = None
     planner_s: float = 0.0
     bound: Bound | None = None
+    inflight: tuple[int, ...] | None = None
+
+    def inflight_for(self, k: int) -> int:
+        """Micro-batches stage k keeps in flight under 1F1B (default S - k)."""
+        return len(self.stages) - k if self.inflight is None else self.inflight[k]
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"algorithm": self.algorithm, "schedule": self.schedule,
                                "microbatches": self.microbatches,
                                "stages": [s.to_json() for s in self.stages]}
+        if self.inflight is not None:
+            out["inflight"] = list(self.inflight)
         if self.beta is not None:
             out["beta"] = {d: dict(r) for d, r in self.beta.items()}
         if self.predicted is not None:
@@ -575,7 +583,8 @@ def parse_plan(raw: Any, *, profile: ModelProfile, devices: DeviceSet,
     """
     at = _At(file)
     obj = _object(raw, at, ("algorithm", "stages"),
-                  ("schedule", "microbatches", "beta", "predicted", "planner_s", "bound"))
+                  ("schedule", "microbatches", "beta", "predicted", "planner_s", "bound",
+                   "inflight"))
     schedule = obj.get("schedule", "1f1b")
     if schedule not in SCHEDULES:
         raise at.key("schedule").fail(f"must be one of {', '.join(SCHEDULES)}", schedule)
@@ -612,6 +621,13 @@ def parse_plan(raw: Any, *, profile: ModelProfile, devices: DeviceSet,
             memory_need_bytes=MappingProxyType(
                 {str(k): int(v) for k, v in po.get("memory_need_bytes", {}).items()}),
         )
+    inflight = None
+    if obj.get("inflight") is not None:
+        ia = at.key("inflight")
+        depths = _list(obj["inflight"], ia)
+        if len(depths) != len(stages):
+            raise ia.fail(f"has {len(depths)} entries for {len(stages)} stages", depths)
+        inflight = tuple(_integer(x, ia.index(k), minimum=1) for k, x in enumerate(depths))
     bound = None
     if obj.get("bound") is not None:
         bo = _object(obj["bound"], at.key("bound"), ("lower_bound_s", "exact"))
@@ -626,6 +642,7 @@ def parse_plan(raw: Any, *, profile: ModelProfile, devices: DeviceSet,
         predicted=predicted,
         planner_s=_number(obj.get("planner_s", 0.0), at.key("planner_s")),
         bound=bound,
+        inflight=inflight,
     )
 
 
@@ -643,8 +660,8 @@ def _parse_beta(raw: Any, at: _At, devices: DeviceSet) -> Mapping[str, Mapping[s
         out[dev_id] = {}
         for kind, value in per_resource.items():
             if kind not in kinds:
-                raise da.key(kind).fail(f"is not a resource of this device ({', '.join(sorted(kinds))})",
-                                        kind)
+                known = ", ".join(sorted(kinds))
+                raise da.key(kind).fail(f"is not a resource of this device ({known})", kind)
             fraction = _number(value, da.key(kind))
             if fraction > 1:
                 raise da.key(kind).fail("must be between 0 and 1", value)

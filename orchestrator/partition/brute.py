@@ -28,7 +28,7 @@ def _best(cm: CostModel, orders: Iterator[Sequence[int]]) -> tuple[list[RawStage
         if len(order) > cm.num_layers:
             continue
         for ranges in compositions(cm.num_layers, len(order)):
-            raw = [(a, e, (d,)) for (a, e), d in zip(ranges, order, strict=True)]
+            raw: list[RawStage] = [(a, e, (d,)) for (a, e), d in zip(ranges, order, strict=True)]
             prediction = evaluate(cm, to_stages(cm, raw))
             if prediction.memory_ok and (best is None or prediction.period_s < best[1]):
                 best = (raw, prediction.period_s)

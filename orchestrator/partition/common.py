@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 
-from orchestrator.cost import CostModel, evaluate
+from orchestrator.cost import CostModel, choose_inflight, evaluate
 from orchestrator.formats import SCHEDULES, Bound, Plan, Stage, freeze_beta
 
 # A stage as planners build it: (first layer, last layer, device indices).
@@ -36,4 +36,4 @@ def finish_plan(cm: CostModel, raw: Sequence[RawStage], *, algorithm: str, sched
     predicted = evaluate(cm, stages, beta=frozen)
     return Plan(algorithm=algorithm, schedule=schedule, microbatches=microbatches, stages=stages,
                 beta=frozen, predicted=predicted, planner_s=time.perf_counter() - started,
-                bound=bound)
+                bound=bound, inflight=choose_inflight(cm, stages, predicted))

@@ -1,13 +1,17 @@
 """Duan and Wu's pipeline planning: partition by binary search on the bottleneck, and resource
 allocation per worker ("Resource allocation in pipeline parallelism", Algorithm 1 and the LP).
 
-The q workers of the pipeline are groups of devices (virtual workers; a group of one is a plain
-device) in a fixed order. For a bottleneck limit T, the greedy feasibility check (their
-Algorithm 1) gives each worker in turn the longest run of layers whose stage time, with the
-worker's best forward/backward split beta (:mod:`orchestrator.allocation`), replica sync and
-memory stay within T and whose outgoing boundary transfer does too, leaving a layer for each
-later worker. Binary search on T finds the smallest limit the check accepts; each success lowers
-the upper end to the period actually reached, so the search ends on a stage or transfer time.
+A worker is a device that runs a forward and a backward pass at once, splitting each of its
+resources between them by beta (:mod:`orchestrator.allocation`); a virtual worker is a group of
+devices serving one stage as data-parallel replicas, each with its own split, so the group's
+rate is the sum of its devices' best rates. (Pooling one group's resources into a single LP
+could put a device wholly on backward passes, which a replica that must run both passes of its
+micro-batches cannot do.) The q virtual workers of the pipeline are in a fixed order. For a
+bottleneck limit T, the greedy feasibility check (their Algorithm 1) gives each worker in turn
+the longest run of layers whose stage time, replica sync and memory stay within T and whose
+outgoing boundary transfer does too, leaving a layer for each later worker. Binary search on T
+finds the smallest limit the check accepts; each success lowers the upper end to the period
+actually reached, so the search ends on a stage or transfer time.
 The greedy is linear in the number of layers but, with heterogeneous workers, a heuristic:
 FTPipeHD's programme is exact for a fixed order.
 
@@ -42,7 +46,9 @@ class _Worker:
         self.linear: np.ndarray | None = None
         if all(dev.layer_times is None for dev in devices) and all(
                 math.isclose(x, ratios[0], rel_tol=1e-9) for x in ratios):
-            # closed form: C = F / sum speed + B / sum backward_speed, additive over layers
+            # one backward/forward ratio rho everywhere: each device's best rate is
+            # 1 / (F / s_d + B / (rho s_d)), so C = F / sum speed + B / sum backward_speed,
+            # additive over layers
             total_f = sum(r.speed for dev in devices for r in dev.compute_resources)
             total_b = sum(r.backward_speed for dev in devices for r in dev.compute_resources)
             self.linear = cm.ref_fwd_prefix / total_f + cm.ref_bwd_prefix / total_b
@@ -60,8 +66,7 @@ class _Worker:
             return float(self.linear[e + 1] - self.linear[a])
         key = (a, e)
         if key not in self._cache:
-            _, rf, rb = self.cm.resource_rates(a, e, self.group)
-            rate = best_rate(rf, rb)[0]
+            rate = sum(best_rate(*self.cm.resource_rates(a, e, [d])[1:])[0] for d in self.group)
             self._cache[key] = 0.0 if math.isinf(rate) else 1.0 / rate
         return self._cache[key]
 
@@ -131,8 +136,8 @@ class _Pipeline:
         found = self.greedy(math.inf)
         if found is None:
             raise PlanningError("no partition over these workers fits in their memory")
-        cuts, high = found
-        low = 0.0
+        cuts, reached = found
+        low, high = 0.0, reached
         for _ in range(200):
             if high - low <= high * _REL_TOL:
                 break
@@ -141,8 +146,10 @@ class _Pipeline:
             if attempt is None:
                 low = middle
             else:
-                cuts, high = attempt
-        return cuts, high
+                cuts, reached = attempt
+                # the check admits stages a hair (the tolerance) over the limit
+                high = min(reached, middle)
+        return cuts, reached
 
     def raw_stages(self, cuts: Sequence[int]) -> list[RawStage]:
         starts = [0, *[c + 1 for c in cuts[:-1]]]
@@ -164,12 +171,13 @@ def partition(cm: CostModel, groups: Sequence[Sequence[int]]) -> list[RawStage]:
 
 
 def beta_for(cm: CostModel, raw: Sequence[RawStage]) -> dict[str, dict[str, float]]:
-    """The LP's forward share of every resource of every stage."""
+    """Each device's forward share of each of its resources for its stage (the LP, per worker)."""
     beta: dict[str, dict[str, float]] = {}
     for a, e, group in raw:
-        names, rf, rb = cm.resource_rates(a, e, group)
-        for (dev_id, kind), fraction in zip(names, allocate_beta(rf, rb), strict=True):
-            beta.setdefault(dev_id, {})[kind] = fraction
+        for d in group:
+            names, rf, rb = cm.resource_rates(a, e, [d])
+            for (dev_id, kind), fraction in zip(names, allocate_beta(rf, rb), strict=True):
+                beta.setdefault(dev_id, {})[kind] = fraction
     return beta
 
 

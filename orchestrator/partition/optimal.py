@@ -43,6 +43,7 @@ EXACT_MAX_DEVICES = 12
 _REL_TOL = 1e-9
 
 BoolArray = npt.NDArray[np.bool_]
+IntArray = npt.NDArray[np.int64]
 
 
 class _SubsetSearch:
@@ -83,14 +84,16 @@ class _SubsetSearch:
             values.append(diffs[np.triu_indices(self.num_layers + 1, k=1)])
         return np.unique(np.concatenate(values))
 
-    def _start(self, limit: float) -> npt.NDArray[np.int64]:
+    def _start(self, limit: float) -> IntArray:
         """g[i, r, p]: smallest start a of a stage a..p-1 on device i that fits ``limit``."""
         slack = limit * _REL_TOL + 1e-15
         comp = np.stack([np.searchsorted(row, row - (limit + slack), side="left")
                          for row in self.work])  # [n, L+1]
-        return np.maximum(self.mem_start, comp[:, None, :])
+        start: IntArray = np.maximum(self.mem_start, comp[:, None, :])
+        return start
 
-    def reach(self, limit: float, *, stop_early: bool) -> tuple[bool, BoolArray, npt.NDArray[np.int64], BoolArray]:
+    def reach(self, limit: float, *, stop_early: bool) -> tuple[bool, BoolArray, IntArray,
+                                                                BoolArray]:
         n, num_layers = self.n, self.num_layers
         start = self._start(limit)
         ok_cut = self.comm <= limit * (1 + _REL_TOL) + 1e-15  # [from, to, p]
@@ -159,7 +162,7 @@ class _SubsetSearch:
             raw.append((a, p - 1, (self.devs[i],)))
             mask, i, a = rest, j, p
 
-    def _next_stage(self, reach: BoolArray, start: npt.NDArray[np.int64], ok_cut: BoolArray,
+    def _next_stage(self, reach: BoolArray, start: IntArray, ok_cut: BoolArray,
                     i: int, size: int, rest: int, a: int) -> tuple[int, int]:
         for p in range(a + 1, self.num_layers):
             if start[i, size, p] > a:

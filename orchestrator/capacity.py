@@ -1,0 +1,65 @@
+"""FTPipeHD's capacity estimation (equations 1-3): updated device speeds from measured stage
+times, the input of its dynamic re-partition.
+
+A device's computing capacity is the ratio of what its stage *should* take according to the
+current device model (reference layer times over its speed, or its own measured layer times)
+to what it *does* take while training. Multiplying the device's speed by that ratio (and
+dividing its layer times by it) makes the model agree with the measurement; ``smoothing`` < 1
+moves only part of the way, an exponential moving average that keeps one noisy batch from
+re-planning the pipeline.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import replace
+
+from orchestrator.cost import CostModel
+from orchestrator.formats import Device, DeviceSet, LayerTimes, Plan, Resource
+
+
+def _scaled(device: Device, factor: float) -> Device:
+    """The device running ``factor`` times faster."""
+    times = device.layer_times
+    return replace(
+        device,
+        speed=device.speed * factor,
+        resources=tuple(Resource(r.kind, r.speed * factor, r.backward_speed * factor)
+                        for r in device.resources),
+        layer_times=None if times is None else LayerTimes(
+            forward_s=tuple(t / factor for t in times.forward_s),
+            backward_s=tuple(t / factor for t in times.backward_s)),
+    )
+
+
+def capacity_ratios(cm: CostModel, plan: Plan, *, measured_s: Mapping[str, float]
+                    ) -> dict[str, float]:
+    """For each measured device of the plan: predicted stage time / measured stage time (> 1:
+    faster than believed). Devices whose stage has no work are left out."""
+    stage_of = {d: s for s in plan.stages for d in s.devices}
+    ratios = {}
+    for device_id, seconds in measured_s.items():
+        if device_id not in stage_of:
+            raise ValueError(f"measured device {device_id!r} serves no stage of the plan")
+        if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
+            raise ValueError(f"measured stage time of {device_id!r} must be a positive number "
+                             f"of seconds, got {seconds!r}")
+        stage = stage_of[device_id]
+        predicted = cm.device_s(cm.index(device_id), stage.first, stage.last)
+        if predicted > 0:
+            ratios[device_id] = predicted / seconds
+    return ratios
+
+
+def estimate_capacities(cm: CostModel, plan: Plan, *, measured_s: Mapping[str, float],
+                        smoothing: float = 1.0) -> DeviceSet:
+    """The device set with speeds (and layer times) updated from measured per-micro-batch stage
+    times (forward + backward) of the devices running ``plan``."""
+    if not 0 < smoothing <= 1:
+        raise ValueError(f"smoothing must be in (0, 1], got {smoothing!r}")
+    ratios = capacity_ratios(cm, plan, measured_s=measured_s)
+    devices = tuple(
+        _scaled(d, (1 - smoothing) + smoothing * ratios[d.id]) if d.id in ratios else d
+        for d in cm.devices.devices)
+    return DeviceSet(devices=devices, links=cm.devices.links, file=cm.devices.file)

@@ -1,0 +1,178 @@
+"""Timeline and fault events (docs/architecture.md, "Timeline events"), and what is computed from
+them: busy and idle time per device, and the breakdown of idle time by its cause.
+
+The simulator emits these events for a planned pipeline, the agents emit them for the real one,
+and the dashboard draws both; all three use the functions here, so a planned and a measured
+Gantt are read the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.formats import _At, _integer, _number, _object, _string
+
+EVENT_KINDS = ("forward", "backward", "send", "recv", "update", "replicate", "aggregate", "load")
+COMPUTE_KINDS = ("forward", "backward", "update", "aggregate")
+FAULT_KINDS = ("device_lost", "device_joined", "recovery_started", "repartitioned",
+               "weights_redistributed", "recovered", "run_started", "run_paused", "run_finished",
+               "run_failed")
+
+
+@dataclass(frozen=True)
+class TimelineEvent:
+    run: int
+    device: str
+    stage: int
+    kind: str
+    microbatch: int
+    version: int
+    start: float
+    end: float
+    bytes: int = 0
+
+    @property
+    def duration_s(self) -> float:
+        return self.end - self.start
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run": self.run, "device": self.device, "stage": self.stage, "kind": self.kind,
+                "microbatch": self.microbatch, "version": self.version, "start": self.start,
+                "end": self.end, "bytes": self.bytes}
+
+
+@dataclass(frozen=True)
+class FaultEvent:
+    run: int
+    at: float
+    kind: str
+    device: str | None = None
+    detail: Mapping[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"run": self.run, "at": self.at, "kind": self.kind}
+        if self.device is not None:
+            out["device"] = self.device
+        out["detail"] = dict(self.detail or {})
+        return out
+
+
+def parse_event(raw: Any, *, file: str = "<input>", path: str = "") -> TimelineEvent:
+    """Validate one timeline event (as agents send them)."""
+    at = _At(file, path)
+    obj = _object(raw, at, ("run", "device", "stage", "kind", "microbatch", "version", "start",
+                            "end"), ("bytes",))
+    kind = obj["kind"]
+    if kind not in EVENT_KINDS:
+        raise at.key("kind").fail(f"must be one of {', '.join(EVENT_KINDS)}", kind)
+    start = _number(obj["start"], at.key("start"))
+    end = _number(obj["end"], at.key("end"))
+    if end < start:
+        raise at.key("end").fail(f"is before start ({start})", obj["end"])
+    return TimelineEvent(
+        run=_integer(obj["run"], at.key("run")),
+        device=_string(obj["device"], at.key("device")),
+        stage=_integer(obj["stage"], at.key("stage")),
+        kind=kind,
+        microbatch=_integer(obj["microbatch"], at.key("microbatch")),
+        version=_integer(obj["version"], at.key("version")),
+        start=start,
+        end=end,
+        bytes=_integer(obj.get("bytes", 0), at.key("bytes")),
+    )
+
+
+def parse_fault(raw: Any, *, file: str = "<input>", path: str = "") -> FaultEvent:
+    at = _At(file, path)
+    obj = _object(raw, at, ("run", "at", "kind"), ("device", "detail"))
+    kind = obj["kind"]
+    if kind not in FAULT_KINDS:
+        raise at.key("kind").fail(f"must be one of {', '.join(FAULT_KINDS)}", kind)
+    detail = obj.get("detail") or {}
+    if not isinstance(detail, dict):
+        raise at.key("detail").fail("must be a JSON object", show_value=False)
+    device = obj.get("device")
+    return FaultEvent(run=_integer(obj["run"], at.key("run")), at=_number(obj["at"], at.key("at")),
+                      kind=kind,
+                      device=None if device is None else _string(device, at.key("device")),
+                      detail=detail)
+
+
+# --------------------------------------------------------------------------- idle time
+
+
+@dataclass(frozen=True)
+class IdleBreakdown:
+    """A device's time over a window: busy, and idle split by what it was waiting for.
+
+    ``upstream_s``: waiting for an activation from the previous stage (it is slower, or the link
+    is); ``downstream_s``: waiting for a gradient from the next stage; ``sync_s``: waiting for
+    the other replicas of its stage; ``bubble_s``: pipeline fill and drain, inherent to the
+    schedule (before the first forward and the first backward of each weight version under
+    GPipe, or of the run under 1F1B, and after the last operation).
+    """
+
+    busy_s: float
+    upstream_s: float
+    downstream_s: float
+    sync_s: float
+    bubble_s: float
+
+    @property
+    def idle_s(self) -> float:
+        return self.upstream_s + self.downstream_s + self.sync_s + self.bubble_s
+
+    def to_json(self) -> dict[str, float]:
+        return {"busy_s": self.busy_s, "idle_s": self.idle_s, "upstream_s": self.upstream_s,
+                "downstream_s": self.downstream_s, "sync_s": self.sync_s,
+                "bubble_s": self.bubble_s}
+
+
+def busy_intervals(events: Iterable[TimelineEvent]) -> list[tuple[float, float]]:
+    """The union of compute intervals (forward, backward, update, aggregate), merged."""
+    spans = sorted((e.start, e.end) for e in events if e.kind in COMPUTE_KINDS)
+    merged: list[tuple[float, float]] = []
+    for start, end in spans:
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def idle_breakdown(events: Sequence[TimelineEvent], *, window: tuple[float, float],
+                   schedule: str) -> IdleBreakdown:
+    """Busy and idle time of one device's events over ``window``.
+
+    Each idle gap is charged to the operation that ends it: a forward waits upstream, a
+    backward downstream, an aggregate for its replicas; the first forward and the first
+    backward of a weight version (GPipe) or of the run (1F1B), and the time after the last
+    operation, are the bubble.
+    """
+    lo, hi = window
+    busy = [(max(s, lo), min(e, hi)) for s, e in busy_intervals(events) if e > lo and s < hi]
+    compute = sorted((e for e in events if e.kind in COMPUTE_KINDS), key=lambda e: e.start)
+    seen_first: set[tuple[str, int]] = set()
+    reason_at: dict[float, str] = {}
+    for e in compute:
+        epoch = e.version if schedule == "gpipe" else 0
+        key = (e.kind, epoch)
+        reason = {"forward": "upstream", "backward": "downstream", "aggregate": "sync"}.get(
+            e.kind, "bubble")
+        if e.kind in ("forward", "backward") and key not in seen_first:
+            seen_first.add(key)
+            reason = "bubble"
+        reason_at.setdefault(e.start, reason)
+    totals = {"upstream": 0.0, "downstream": 0.0, "sync": 0.0, "bubble": 0.0}
+    cursor = lo
+    for start, end in busy:
+        if start > cursor:
+            totals[reason_at.get(start, "bubble")] += start - cursor
+        cursor = max(cursor, end)
+    if hi > cursor:
+        totals["bubble"] += hi - cursor
+    return IdleBreakdown(busy_s=sum(e - s for s, e in busy), upstream_s=totals["upstream"],
+                         downstream_s=totals["downstream"], sync_s=totals["sync"],
+                         bubble_s=totals["bubble"])

@@ -1,0 +1,343 @@
+"""Discrete-event simulation of a plan: the oracle the tests, the dashboard's planned Gantt and
+the runtime's expectations all come from.
+
+Each device executes its action list (:mod:`orchestrator.schedule`) in order. A forward waits
+for its activation, a backward for its gradient (the last stage for its own forward); after a
+forward the activation crosses the link to the next stage's replica for that micro-batch, after
+a backward the gradient crosses back. A link carries one transfer at a time in either direction
+(the cost model's 2x boundary term), taking ``bytes / bandwidth + latency``; a replicated stage
+all-reduces over one shared channel for ``Y`` seconds. Under a Duan-Wu ``beta`` plan a device
+runs forwards and backwards on two lanes at once, each at the speed of its share of the device's
+resources; a forward may start only once every earlier backward of its list has started, which
+keeps 1F1B's bound on micro-batches in flight.
+
+The result holds timeline events in the shared schema and a summary: makespan, throughput,
+busy and idle time per device with the idle broken down
+(:func:`orchestrator.events.idle_breakdown`), bubble fraction and bytes moved.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from orchestrator.cost import CostModel, beta_compute_s
+from orchestrator.events import IdleBreakdown, TimelineEvent, idle_breakdown
+from orchestrator.formats import Plan
+from orchestrator.schedule import Action, Schedule, build_schedule
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    schedule: Schedule
+    events: tuple[TimelineEvent, ...]
+    makespan_s: float
+    throughput_sps: float
+    bubble_fraction: float
+    bytes_moved: int
+    devices: Mapping[str, IdleBreakdown]
+
+    def summary_json(self) -> dict[str, Any]:
+        return {"schedule": self.schedule.name, "microbatches": self.schedule.microbatches,
+                "makespan_s": self.makespan_s, "throughput_sps": self.throughput_sps,
+                "bubble_fraction": self.bubble_fraction, "bytes_moved": self.bytes_moved,
+                "devices": {d: b.to_json() for d, b in self.devices.items()}}
+
+
+@dataclass
+class _Lane:
+    actions: list[tuple[int, Action]]  # (position in the device's list, action)
+    next: int = 0
+    free_at: float = 0.0
+
+    @property
+    def done(self) -> bool:
+        return self.next >= len(self.actions)
+
+
+@dataclass
+class _Channel:
+    """A FIFO resource (a link, a stage's all-reduce ring)."""
+
+    free_at: float = 0.0
+    queue: list[tuple[float, int, Callable[[float], float]]] = field(default_factory=list)
+
+
+class _Simulation:
+    def __init__(self, cm: CostModel, plan: Plan, schedule: Schedule, run: int) -> None:
+        self.cm, self.plan, self.schedule, self.run = cm, plan, schedule, run
+        self.num_stages = len(plan.stages)
+        self.stage_of = {d: k for k, s in enumerate(plan.stages) for d in s.devices}
+        self.now = 0.0
+        self.heap: list[tuple[float, int, Callable[[], None]]] = []
+        self.seq = itertools.count()
+        self.events: list[TimelineEvent] = []
+        self.bytes_moved = 0
+        self.activation_at: dict[tuple[int, int], float] = {}
+        self.gradient_at: dict[tuple[int, int], float] = {}
+        self.forward_done: dict[tuple[int, int], float] = {}
+        self.version_of: dict[int, int] = {}
+        self.updates: dict[str, int] = {d: 0 for d in plan.device_ids}
+        self.sync_pending: dict[str, bool] = {d: False for d in plan.device_ids}
+        self.sync_arrived: dict[tuple[int, int], set[str]] = {}
+        self.sync_finished: set[tuple[int, int, str]] = set()
+        self.links: dict[frozenset[str], _Channel] = {}
+        self.rings = [_Channel() for _ in plan.stages]
+        self.two_lanes = plan.beta is not None
+        self.fwd_s, self.bwd_s = pass_times(cm, plan)
+        self.lanes: dict[str, list[_Lane]] = {}
+        for dev, acts in schedule.actions.items():
+            indexed = list(enumerate(acts))
+            if self.two_lanes:
+                self.lanes[dev] = [_Lane([x for x in indexed if x[1].kind == "F"]),
+                                   _Lane([x for x in indexed if x[1].kind != "F"])]
+            else:
+                self.lanes[dev] = [_Lane(indexed)]
+        # backwards before each position of a device's list, and backwards started so far
+        self.backwards_before = {d: list(itertools.accumulate(
+            (a.kind == "B" for a in acts), initial=0)) for d, acts in schedule.actions.items()}
+        self.backwards_started = {d: 0 for d in schedule.actions}
+
+    # ---- the event loop
+
+    def at(self, time: float, callback: Callable[[], None]) -> None:
+        heapq.heappush(self.heap, (time, next(self.seq), callback))
+
+    def run_all(self) -> None:
+        self.advance_all()
+        while self.heap:
+            time, _, callback = heapq.heappop(self.heap)
+            self.now = time
+            callback()
+            self.advance_all()
+        stuck = {d: str(lane.actions[lane.next][1]) for d, lanes in self.lanes.items()
+                 for lane in lanes if not lane.done}
+        if stuck:
+            raise RuntimeError(f"the schedule deadlocks: waiting actions {stuck}")
+
+    def advance_all(self) -> None:
+        progress = True
+        while progress:
+            progress = False
+            for dev, lanes in self.lanes.items():
+                for lane in lanes:
+                    while self.try_start(dev, lane):
+                        progress = True
+
+    # ---- readiness and execution of actions
+
+    def version(self, stage: int, m: int) -> int:
+        if self.schedule.name == "gpipe":
+            return m // self.schedule.flush_every
+        return self.version_of.get(m, 0)
+
+    def ready(self, dev: str, position: int, action: Action) -> bool:
+        k, m = action.stage, action.microbatch
+        if (self.two_lanes and action.kind == "F"
+                and self.backwards_started[dev] < self.backwards_before[dev][position]):
+            return False
+        if action.kind == "F":
+            return k == 0 or self.activation_at.get((k, m), float("inf")) <= self.now
+        if action.kind == "B":
+            if self.sync_pending[dev]:
+                return False
+            if k == self.num_stages - 1:
+                return self.forward_done.get((k, m), float("inf")) <= self.now
+            return self.gradient_at.get((k, m), float("inf")) <= self.now
+        return True  # A joins or launches the all-reduce; U applies the update
+
+    def try_start(self, dev: str, lane: _Lane) -> bool:
+        if lane.done or lane.free_at > self.now:
+            return False
+        position, action = lane.actions[lane.next]
+        if not self.ready(dev, position, action):
+            return False
+        lane.next += 1
+        if action.kind == "B":
+            self.backwards_started[dev] += 1
+        getattr(self, f"start_{action.kind}")(dev, lane, action)
+        return True
+
+    def compute(self, dev: str, lane: _Lane, action: Action, kind: str, duration: float,
+                then: Callable[[float], None]) -> None:
+        start, end = self.now, self.now + duration
+        lane.free_at = end
+        k, m = action.stage, action.microbatch
+        self.events.append(TimelineEvent(self.run, dev, k, kind, m, self.version(k, m), start, end))
+        self.at(end, lambda: then(end))
+
+    def start_F(self, dev: str, lane: _Lane, action: Action) -> None:
+        k, m = action.stage, action.microbatch
+        if k == 0:
+            self.version_of[m] = self.updates[dev]
+
+        def done(end: float) -> None:
+            self.forward_done[(k, m)] = end
+            if k + 1 < self.num_stages:
+                stage = self.plan.stages[k]
+                self.transfer(dev, self.schedule.device_for(k + 1, m), k, m,
+                              int(self.cm.output_bytes[stage.last]), self.activation_at, k + 1)
+
+        self.compute(dev, lane, action, "forward", self.fwd_s[dev], done)
+
+    def start_B(self, dev: str, lane: _Lane, action: Action) -> None:
+        k, m = action.stage, action.microbatch
+
+        def done(end: float) -> None:
+            if k > 0:
+                upstream = self.plan.stages[k - 1]
+                self.transfer(dev, self.schedule.device_for(k - 1, m), k, m,
+                              int(self.cm.output_bytes[upstream.last]), self.gradient_at, k - 1)
+
+        self.compute(dev, lane, action, "backward", self.bwd_s[dev], done)
+
+    def start_A(self, dev: str, lane: _Lane, action: Action) -> None:
+        k, m = action.stage, action.microbatch
+        stage = self.plan.stages[k]
+        a, e = stage.layers
+        group = [self.cm.index(d) for d in stage.devices]
+        duration = self.cm.sync_s(a, e, group)
+        n = len(stage.devices)
+        size = int(2 * (n - 1) / n * self.cm.params_bytes(a, e))
+        if self.schedule.name == "1f1b":
+            # background all-reduce of this replica's gradients; its next backward waits for it
+            self.sync_pending[dev] = True
+
+            def finish(start: float) -> float:
+                end = start + duration
+                self.events.append(TimelineEvent(self.run, dev, k, "aggregate", m,
+                                                 self.version(k, m), start, end, size))
+                self.bytes_moved += size
+
+                def clear() -> None:
+                    self.sync_pending[dev] = False
+                    self.updates[dev] += 1
+                self.at(end, clear)
+                return end
+            self.enqueue(self.rings[k], finish)
+            return
+        # GPipe: a collective of all the stage's replicas, blocking each until it ends
+        lane.free_at = float("inf")
+        arrived = self.sync_arrived.setdefault((k, m), set())
+        arrived.add(dev)
+        if arrived != set(stage.devices):
+            return
+        def collective(start: float) -> float:
+            end = start + duration
+            for d in stage.devices:
+                self.events.append(TimelineEvent(self.run, d, k, "aggregate", m,
+                                                 self.version(k, m), start, end, size))
+                self.bytes_moved += size
+            def release() -> None:
+                for d in stage.devices:
+                    for ln in self.lanes[d]:
+                        if ln.free_at == float("inf"):
+                            ln.free_at = end
+            self.at(end, release)
+            return end
+        self.enqueue(self.rings[k], collective)
+
+    def start_U(self, dev: str, lane: _Lane, action: Action) -> None:
+        if len(self.plan.stages[action.stage].devices) == 1 or self.schedule.name == "gpipe":
+            self.updates[dev] += 1
+
+    # ---- transfers over shared channels
+
+    def enqueue(self, channel: _Channel, job: Callable[[float], float]) -> None:
+        channel.queue.append((self.now, next(self.seq), job))
+        if len(channel.queue) == 1 and channel.free_at <= self.now:
+            self.serve(channel)
+
+    def serve(self, channel: _Channel) -> None:
+        if not channel.queue:
+            return
+        _, _, job = channel.queue[0]
+        end = job(max(self.now, channel.free_at))
+        channel.free_at = end
+
+        def next_job() -> None:
+            channel.queue.pop(0)
+            self.serve(channel)
+        self.at(end, next_job)
+
+    def transfer(self, src: str, dst: str, stage: int, m: int, size: int,
+                 arrivals: dict[tuple[int, int], float], dst_stage: int) -> None:
+        x, y = self.cm.index(src), self.cm.index(dst)
+        duration = size / float(self.cm.bandwidth_bps[x, y]) + float(self.cm.latency_s[x, y])
+        version = self.version(stage, m)
+
+        def job(start: float) -> float:
+            end = start + duration
+            self.events.append(TimelineEvent(self.run, src, stage, "send", m, version, start,
+                                             end, size))
+            self.events.append(TimelineEvent(self.run, dst, dst_stage, "recv", m, version,
+                                             start, end, size))
+            self.bytes_moved += size
+            self.at(end, lambda: arrivals.__setitem__((dst_stage, m), end))
+            return end
+
+        self.enqueue(self.links.setdefault(frozenset((src, dst)), _Channel()), job)
+
+
+def pass_times(cm: CostModel, plan: Plan) -> tuple[dict[str, float], dict[str, float]]:
+    """Forward and backward time of one micro-batch on each device of the plan: its layer times,
+    or under a beta split the time of each pass on its share of the device's resources."""
+    fwd: dict[str, float] = {}
+    bwd: dict[str, float] = {}
+    inf = float("inf")
+    for stage in plan.stages:
+        a, e = stage.layers
+        for dev in stage.devices:
+            d = cm.index(dev)
+            if plan.beta is None:
+                fwd[dev] = float(cm.fwd_prefix[d, e + 1] - cm.fwd_prefix[d, a])
+                bwd[dev] = float(cm.bwd_prefix[d, e + 1] - cm.bwd_prefix[d, a])
+            else:
+                names, rf, rb = cm.resource_rates(a, e, [d])
+                share = [plan.beta[dev][kind] for _, kind in names]
+                fwd[dev] = beta_compute_s(rf, [inf] * len(rb), share)
+                bwd[dev] = beta_compute_s([inf] * len(rf), rb, share)
+    return fwd, bwd
+
+
+def schedule_for(cm: CostModel, plan: Plan, *, microbatches: int, schedule: str | None = None,
+                 flush_every: int | None = None) -> Schedule:
+    """The action lists of a plan, with replicas sharing micro-batches by their speed (under a
+    beta split a device's passes overlap, so its pace is the slower of the two)."""
+    fwd, bwd = pass_times(cm, plan)
+    pace = {d: max(fwd[d], bwd[d]) if plan.beta is not None else fwd[d] + bwd[d] for d in fwd}
+    times = [[pace[d] for d in s.devices] for s in plan.stages]
+    return build_schedule(name=schedule or plan.schedule,
+                          stage_devices=[s.devices for s in plan.stages], stage_times_s=times,
+                          microbatches=microbatches, flush_every=flush_every,
+                          inflight=[plan.inflight_for(k) for k in range(len(plan.stages))])
+
+
+def simulate(cm: CostModel, plan: Plan, *, microbatches: int, schedule: str | None = None,
+             flush_every: int | None = None, run: int = 0) -> SimulationResult:
+    """Simulate ``microbatches`` micro-batches of ``plan`` under ``schedule`` (default the
+    plan's); GPipe flushes every ``flush_every`` micro-batches (default: the plan's
+    micro-batches per batch)."""
+    sched = schedule_for(cm, plan, microbatches=microbatches, schedule=schedule,
+                         flush_every=flush_every or plan.microbatches)
+    sim = _Simulation(cm, plan, sched, run)
+    sim.run_all()
+    events = tuple(sorted(sim.events, key=lambda e: (e.start, e.end, e.device, e.kind)))
+    makespan = max((e.end for e in events), default=0.0)
+    per_device = {d: idle_breakdown([e for e in events if e.device == d], window=(0.0, makespan),
+                                    schedule=sched.name)
+                  for d in plan.device_ids}
+    total_idle = sum(b.idle_s for b in per_device.values())
+    return SimulationResult(
+        schedule=sched,
+        events=events,
+        makespan_s=makespan,
+        throughput_sps=(microbatches * cm.profile.batch_size / makespan) if makespan > 0 else 0.0,
+        bubble_fraction=(total_idle / (len(per_device) * makespan)) if makespan > 0 else 0.0,
+        bytes_moved=sim.bytes_moved,
+        devices=MappingProxyType(per_device),
+    )

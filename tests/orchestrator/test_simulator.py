@@ -1,0 +1,149 @@
+"""The simulator: exact bubble fractions, convergence to the cost model's period, every
+micro-batch through every stage once, and idle time explained."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orchestrator.cost import CostModel, build_cost_model, needed_inflight
+from orchestrator.errors import PlanningError
+from orchestrator.events import COMPUTE_KINDS
+from orchestrator.formats import DeviceSet, Plan, Stage
+from orchestrator.partition import run_planner
+from orchestrator.simulator import simulate
+from tests.conftest import DATA
+from tests.orchestrator.instances import instances, make_device, make_profile, random_instance
+
+
+def uniform_pipeline(stages: int, f: float, b: float) -> tuple[CostModel, Plan]:
+    cm = build_cost_model(make_profile([(f, b)] * stages),
+                          DeviceSet(devices=tuple(make_device(f"d{k}") for k in range(stages))))
+    plan = Plan(algorithm="manual", schedule="gpipe", microbatches=1,
+                stages=tuple(Stage((k, k), (f"d{k}",)) for k in range(stages)))
+    return cm, plan
+
+
+@given(st.integers(1, 8), st.integers(1, 32), st.floats(0.1, 2.0), st.floats(0.1, 2.0))
+def test_gpipe_bubble_fraction_on_a_uniform_pipeline(stages: int, microbatches: int,
+                                                     f: float, b: float) -> None:
+    cm, plan = uniform_pipeline(stages, f, b)
+    result = simulate(cm, plan, microbatches=microbatches, schedule="gpipe",
+                      flush_every=microbatches)
+    expected = (stages - 1) / (microbatches + stages - 1)
+    assert result.bubble_fraction == pytest.approx(expected, rel=1e-9, abs=1e-12)
+    assert result.makespan_s == pytest.approx((microbatches + stages - 1) * (f + b))
+    for summary in result.devices.values():  # all of GPipe's idle time is fill and drain
+        assert summary.upstream_s == pytest.approx(0, abs=1e-9)
+        assert summary.downstream_s == pytest.approx(0, abs=1e-9)
+
+
+@given(instances(max_layers=10, max_devices=4))
+def test_1f1b_approaches_the_predicted_throughput_from_below(cm: CostModel) -> None:
+    try:
+        plan = run_planner(cm, "optimal")
+    except PlanningError:
+        return
+    assert plan.predicted is not None
+    bound = plan.predicted.throughput_sps
+    rates = [simulate(cm, plan, microbatches=m, schedule="1f1b").throughput_sps
+             for m in (4, 64, 512)]
+    assert all(r <= bound * (1 + 1e-9) for r in rates)
+    assert rates[-1] >= rates[0] * (1 - 1e-9)
+    if plan.inflight == needed_inflight(plan.predicted):  # not held back by memory
+        assert rates[-1] >= 0.95 * bound
+
+
+def test_1f1b_reaches_the_period_on_the_shared_testbed() -> None:
+    from orchestrator.formats import load_devices, load_profile
+
+    cm = build_cost_model(load_profile(DATA / "profiles" / "resnet101_cifar10.model.json"),
+                          load_devices(DATA / "profiles" / "resnet101_cifar10.devices.json"))
+    for name in ("ftpipehd", "optimal", "uniform"):
+        plan = run_planner(cm, name)
+        assert plan.predicted is not None
+        sim = simulate(cm, plan, microbatches=512, schedule="1f1b")
+        assert 0.97 * plan.predicted.throughput_sps <= sim.throughput_sps
+        assert sim.throughput_sps <= plan.predicted.throughput_sps * (1 + 1e-9)
+
+
+@given(instances(max_layers=8, max_devices=5, memory_pressure=False),
+       st.sampled_from(["1f1b", "gpipe"]), st.sampled_from(["pipedream", "bsp", "duanwu",
+                                                            "optimal", "uniform"]))
+def test_each_microbatch_forward_and_backward_once_per_stage(cm: CostModel, schedule: str,
+                                                              algorithm: str) -> None:
+    plan = run_planner(cm, algorithm, microbatches=3)
+    m = 7
+    sim = simulate(cm, plan, microbatches=m, schedule=schedule)
+    for k, stage in enumerate(plan.stages):
+        for kind in ("forward", "backward"):
+            done = sorted(e.microbatch for e in sim.events if e.stage == k and e.kind == kind)
+            assert done == list(range(m)), (k, kind)
+            devices = {e.device for e in sim.events if e.stage == k and e.kind == kind}
+            assert devices <= set(stage.devices)
+    # a stage's forward of a micro-batch ends before the next stage's forward of it starts
+    ends = {(e.stage, e.microbatch): e.end for e in sim.events if e.kind == "forward"}
+    starts = {(e.stage, e.microbatch): e.start for e in sim.events if e.kind == "forward"}
+    for (k, mb), end in ends.items():
+        if k + 1 < len(plan.stages):
+            assert starts[(k + 1, mb)] >= end - 1e-12
+    for d, summary in sim.devices.items():
+        assert summary.busy_s + summary.idle_s == pytest.approx(sim.makespan_s)
+        total = sum(e.end - e.start for e in sim.events
+                    if e.device == d and e.kind in COMPUTE_KINDS)
+        assert summary.busy_s <= total * (1 + 1e-9) + 1e-12  # the union of the intervals
+        overlapping = plan.beta is not None or any(
+            e.kind == "aggregate" for e in sim.events if e.device == d)
+        if not overlapping:  # one lane: intervals do not overlap
+            assert summary.busy_s == pytest.approx(total, rel=1e-9, abs=1e-12)
+
+
+def test_slow_middle_stage_makes_its_neighbours_wait() -> None:
+    cm = build_cost_model(make_profile([(1.0, 1.0)] * 3), DeviceSet(devices=(
+        make_device("a"), make_device("slow", 0.25), make_device("c"))))
+    plan = Plan(algorithm="manual", schedule="1f1b", microbatches=1,
+                stages=(Stage((0, 0), ("a",)), Stage((1, 1), ("slow",)), Stage((2, 2), ("c",))))
+    sim = simulate(cm, plan, microbatches=40)
+    assert sim.devices["c"].upstream_s > 0.5 * sim.makespan_s  # starved by the slow stage
+    assert sim.devices["a"].downstream_s > 0.5 * sim.makespan_s  # waits for its gradients
+    assert sim.devices["slow"].idle_s < 0.1 * sim.makespan_s
+    assert sim.throughput_sps == pytest.approx(32 / 8.0, rel=0.1)
+
+
+def test_transfers_appear_as_send_and_recv_with_their_bytes() -> None:
+    cm = build_cost_model(make_profile([(1.0, 1.0)] * 2, output_bytes=[500, 0]),
+                          DeviceSet(devices=(make_device("a", bandwidth_bps=1000.0,
+                                                         latency_s=0.1),
+                                             make_device("b", bandwidth_bps=1000.0))))
+    plan = Plan(algorithm="manual", schedule="1f1b", microbatches=1,
+                stages=(Stage((0, 0), ("a",)), Stage((1, 1), ("b",))))
+    sim = simulate(cm, plan, microbatches=2)
+    sends = [e for e in sim.events if e.kind == "send"]
+    recvs = [e for e in sim.events if e.kind == "recv"]
+    assert len(sends) == len(recvs) == 4  # 2 activations forward, 2 gradients back
+    assert all(e.bytes == 500 and e.duration_s == pytest.approx(0.6) for e in sends)
+    assert sim.bytes_moved == 2000
+    assert {e.device for e in sends} == {"a", "b"}
+
+
+def test_replicated_stage_is_limited_by_its_all_reduce() -> None:
+    cm = build_cost_model(make_profile([(0.1, 0.1)], param_bytes=[1000]),
+                          DeviceSet(devices=(make_device("a", bandwidth_bps=1000.0),
+                                             make_device("b", bandwidth_bps=1000.0))))
+    plan = run_planner(cm, "bsp")
+    assert plan.predicted is not None and plan.predicted.bottleneck == "stage 0 sync"
+    sim = simulate(cm, plan, microbatches=200, schedule="1f1b")
+    assert sim.throughput_sps == pytest.approx(plan.predicted.throughput_sps, rel=0.02)
+    assert any(e.kind == "aggregate" for e in sim.events)
+
+
+def test_simulation_is_deterministic() -> None:
+    cm = random_instance(random.Random(2), layers=12, devices=4, memory_pressure=False)
+    plan = run_planner(cm, "pipedream")
+    a = simulate(cm, plan, microbatches=20)
+    b = simulate(cm, plan, microbatches=20)
+    assert a.events == b.events and math.isfinite(a.makespan_s)
