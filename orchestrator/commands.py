@@ -14,7 +14,7 @@ from orchestrator.errors import PlanningError
 from orchestrator.formats import SCHEDULES, load_devices, load_plan, load_profile
 from orchestrator.grouping import group_brute_force, group_local_search, group_sorting
 from orchestrator.partition import DESCRIPTIONS, PLANNERS, run_planner
-from orchestrator.partition.duanwu import partition_period
+from orchestrator.partition.duanwu import partition_overflow, partition_period
 from orchestrator.schedule import format_schedule
 from orchestrator.simulator import simulate
 
@@ -221,7 +221,8 @@ def _group(args: argparse.Namespace) -> int:
     elif args.algorithm == "brute-force":
         groups = group_brute_force(n, args.workers, objective=objective)
     else:
-        groups = group_local_search(n, args.workers, objective=objective, speeds=speeds)
+        groups = group_local_search(n, args.workers, objective=objective, speeds=speeds,
+                                    overflow=lambda g: partition_overflow(cm, g))
     period = objective(groups)
     if math.isinf(period):
         raise PlanningError(f"no partition over the {args.algorithm} grouping fits in memory")

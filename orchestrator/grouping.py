@@ -10,7 +10,10 @@ the pipeline), so equal groupings compare equal.
 
 - ``group_sorting``: the sorting baseline: devices by speed, dealt to the groups in snake order
   (1, 2, .., q, q, .., 1, ...) so the groups' total speeds come out close.
-- ``group_local_search``: Algorithm 2, steepest descent from the sorting grouping.
+- ``group_local_search``: Algorithm 2, steepest descent from the sorting grouping and from a few
+  seeded random groupings, keeping the best. A grouping that does not fit in memory scores
+  infinity, which gives a descent nowhere to go, so among such groupings an ``overflow``
+  measure (how far from fitting) leads the way.
 - ``group_brute_force``: every partition of the devices into q non-empty groups.
 """
 
@@ -18,10 +21,12 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 from collections.abc import Callable, Iterator, Sequence
 
 Groups = list[list[int]]
 Objective = Callable[[Groups], float]
+Score = tuple[float, float]
 
 
 def canonical(groups: Sequence[Sequence[int]]) -> Groups:
@@ -66,32 +71,61 @@ def _neighbours(groups: Groups) -> Iterator[Groups]:
                 yield canonical(swapped)
 
 
-def group_local_search(num_devices: int, q: int, *, objective: Objective,
-                       speeds: Sequence[float], start: Groups | None = None,
-                       max_rounds: int = 1000) -> Groups:
-    """Steepest descent over moves and swaps from ``start`` (the sorting grouping)."""
-    current = canonical(start) if start is not None else group_sorting(num_devices, q,
-                                                                       speeds=speeds)
-    _check(num_devices, len(current))
-    seen: dict[tuple[tuple[int, ...], ...], float] = {}
+def _better(a: Score, b: Score) -> bool:
+    if a[0] != b[0]:
+        return a[0] < b[0] * (1 - 1e-12) or math.isinf(b[0])
+    return a[1] < b[1] * (1 - 1e-12)
 
-    def score(groups: Groups) -> float:
-        key = tuple(tuple(g) for g in groups)
-        if key not in seen:
-            seen[key] = objective(groups)
-        return seen[key]
 
+def _descend(current: Groups, score: Callable[[Groups], Score], max_rounds: int
+             ) -> tuple[Groups, Score]:
     value = score(current)
     for _ in range(max_rounds):
         best, best_value = current, value
         for candidate in _neighbours(current):
             v = score(candidate)
-            if v < best_value * (1 - 1e-12) or (math.isinf(best_value) and v < best_value):
+            if _better(v, best_value):
                 best, best_value = candidate, v
         if best is current:
             break
         current, value = best, best_value
-    return current
+    return current, value
+
+
+def random_grouping(num_devices: int, q: int, rng: random.Random) -> Groups:
+    """A uniformly shuffled grouping with every group non-empty."""
+    _check(num_devices, q)
+    labels = list(range(q)) + [rng.randrange(q) for _ in range(num_devices - q)]
+    rng.shuffle(labels)
+    return canonical([[d for d in range(num_devices) if labels[d] == g] for g in range(q)])
+
+
+def group_local_search(num_devices: int, q: int, *, objective: Objective,
+                       speeds: Sequence[float], overflow: Objective | None = None,
+                       restarts: int = 3, seed: int = 0, max_rounds: int = 1000) -> Groups:
+    """Steepest descent over moves and swaps from the sorting grouping and from ``restarts``
+    seeded random groupings; the best local optimum. ``overflow`` ranks groupings whose
+    objective is infinite (it is not called for the others)."""
+    _check(num_devices, q)
+    seen: dict[tuple[tuple[int, ...], ...], Score] = {}
+
+    def score(groups: Groups) -> Score:
+        key = tuple(tuple(g) for g in groups)
+        if key not in seen:
+            value = objective(groups)
+            repair = overflow(groups) if overflow is not None and math.isinf(value) else 0.0
+            seen[key] = (value, repair)
+        return seen[key]
+
+    rng = random.Random(seed)
+    starts = [group_sorting(num_devices, q, speeds=speeds)]
+    starts += [random_grouping(num_devices, q, rng) for _ in range(restarts)]
+    best, best_value = _descend(starts[0], score, max_rounds)
+    for start in starts[1:]:
+        found, value = _descend(start, score, max_rounds)
+        if _better(value, best_value):
+            best, best_value = found, value
+    return best
 
 
 def set_partitions(num_devices: int, q: int) -> Iterator[Groups]:

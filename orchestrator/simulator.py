@@ -71,7 +71,6 @@ class _Simulation:
     def __init__(self, cm: CostModel, plan: Plan, schedule: Schedule, run: int) -> None:
         self.cm, self.plan, self.schedule, self.run = cm, plan, schedule, run
         self.num_stages = len(plan.stages)
-        self.stage_of = {d: k for k, s in enumerate(plan.stages) for d in s.devices}
         self.now = 0.0
         self.heap: list[tuple[float, int, Callable[[], None]]] = []
         self.seq = itertools.count()
@@ -84,7 +83,6 @@ class _Simulation:
         self.updates: dict[str, int] = {d: 0 for d in plan.device_ids}
         self.sync_pending: dict[str, bool] = {d: False for d in plan.device_ids}
         self.sync_arrived: dict[tuple[int, int], set[str]] = {}
-        self.sync_finished: set[tuple[int, int, str]] = set()
         self.links: dict[frozenset[str], _Channel] = {}
         self.rings = [_Channel() for _ in plan.stages]
         self.two_lanes = plan.beta is not None
@@ -199,47 +197,61 @@ class _Simulation:
         k, m = action.stage, action.microbatch
         stage = self.plan.stages[k]
         a, e = stage.layers
-        group = [self.cm.index(d) for d in stage.devices]
-        duration = self.cm.sync_s(a, e, group)
+        duration = self.cm.sync_s(a, e, [self.cm.index(d) for d in stage.devices])
         n = len(stage.devices)
         size = int(2 * (n - 1) / n * self.cm.params_bytes(a, e))
         if self.schedule.name == "1f1b":
-            # background all-reduce of this replica's gradients; its next backward waits for it
-            self.sync_pending[dev] = True
+            self.background_all_reduce(dev, k, m, duration, size)
+        else:
+            self.collective_all_reduce(dev, lane, k, m, duration, size)
 
-            def finish(start: float) -> float:
-                end = start + duration
-                self.events.append(TimelineEvent(self.run, dev, k, "aggregate", m,
-                                                 self.version(k, m), start, end, size))
-                self.bytes_moved += size
+    def background_all_reduce(self, dev: str, k: int, m: int, duration: float,
+                              size: int) -> None:
+        """1F1B: this replica's gradients go round the ring while it computes on; its next
+        backward waits until they are back and applied."""
+        self.sync_pending[dev] = True
 
-                def clear() -> None:
-                    self.sync_pending[dev] = False
-                    self.updates[dev] += 1
-                self.at(end, clear)
-                return end
-            self.enqueue(self.rings[k], finish)
-            return
-        # GPipe: a collective of all the stage's replicas, blocking each until it ends
+        def applied() -> None:
+            self.sync_pending[dev] = False
+            self.updates[dev] += 1
+
+        def job(start: float) -> float:
+            end = start + duration
+            self.events.append(TimelineEvent(self.run, dev, k, "aggregate", m,
+                                             self.version(k, m), start, end, size))
+            self.bytes_moved += size
+            self.at(end, applied)
+            return end
+
+        self.enqueue(self.rings[k], job)
+
+    def collective_all_reduce(self, dev: str, lane: _Lane, k: int, m: int, duration: float,
+                              size: int) -> None:
+        """GPipe's flush: every replica of the stage waits for all of them, then for the
+        all-reduce."""
         lane.free_at = float("inf")
+        devices = self.plan.stages[k].devices
         arrived = self.sync_arrived.setdefault((k, m), set())
         arrived.add(dev)
-        if arrived != set(stage.devices):
+        if arrived != set(devices):
             return
-        def collective(start: float) -> float:
+
+        def job(start: float) -> float:
             end = start + duration
-            for d in stage.devices:
+            for d in devices:
                 self.events.append(TimelineEvent(self.run, d, k, "aggregate", m,
                                                  self.version(k, m), start, end, size))
                 self.bytes_moved += size
-            def release() -> None:
-                for d in stage.devices:
-                    for ln in self.lanes[d]:
-                        if ln.free_at == float("inf"):
-                            ln.free_at = end
-            self.at(end, release)
+            self.at(end, lambda: self.release(devices, end))
             return end
-        self.enqueue(self.rings[k], collective)
+
+        self.enqueue(self.rings[k], job)
+
+    def release(self, devices: tuple[str, ...], end: float) -> None:
+        for d in devices:
+            for lane in self.lanes[d]:
+                if lane.free_at == float("inf"):
+                    lane.free_at = end
 
     def start_U(self, dev: str, lane: _Lane, action: Action) -> None:
         if len(self.plan.stages[action.stage].devices) == 1 or self.schedule.name == "gpipe":

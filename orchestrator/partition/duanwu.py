@@ -39,7 +39,8 @@ _REL_TOL = 1e-9
 class _Worker:
     """Stage times of one virtual worker over layer ranges, with its best beta split."""
 
-    def __init__(self, cm: CostModel, group: Sequence[int], k: int, q: int) -> None:
+    def __init__(self, cm: CostModel, group: Sequence[int], k: int, q: int, *,
+                 memory_scale: float = 1.0) -> None:
         self.cm, self.group = cm, tuple(group)
         devices = [cm.devices.devices[d] for d in group]
         ratios = [r.backward_speed / r.speed for dev in devices for r in dev.compute_resources]
@@ -59,7 +60,7 @@ class _Worker:
             slowest = min(cm.bandwidth_bps[x, y] for x in group for y in group if x != y)
             self.sync_per_byte = 2.0 * (n - 1) / n / float(slowest)
         self.memory_prefix = (q - k) * (cm.param_prefix + cm.act_prefix) + 2.0 * cm.param_prefix
-        self.memory_bytes = min(float(cm.memory_bytes[d]) for d in group)
+        self.memory_bytes = min(float(cm.memory_bytes[d]) for d in group) * memory_scale
 
     def compute_s(self, a: int, e: int) -> float:
         if self.linear is not None:
@@ -95,12 +96,14 @@ class _Worker:
 
 
 class _Pipeline:
-    def __init__(self, cm: CostModel, groups: Sequence[Sequence[int]]) -> None:
+    def __init__(self, cm: CostModel, groups: Sequence[Sequence[int]], *,
+                 memory_scale: float = 1.0) -> None:
         q = len(groups)
         if q > cm.num_layers:
             raise PlanningError(f"{q} workers but only {cm.num_layers} layers")
         self.cm, self.groups = cm, [tuple(g) for g in groups]
-        self.workers = [_Worker(cm, g, k, q) for k, g in enumerate(groups)]
+        self.workers = [_Worker(cm, g, k, q, memory_scale=memory_scale)
+                        for k, g in enumerate(groups)]
         self.boundary = [
             np.array([cm.boundary_s(e, groups[k], groups[k + 1])
                       for e in range(cm.num_layers - 1)])
@@ -165,6 +168,32 @@ def partition_period(cm: CostModel, groups: Sequence[Sequence[int]]) -> float:
         return math.inf
 
 
+def partition_overflow(cm: CostModel, groups: Sequence[Sequence[int]]) -> float:
+    """How far the groups are from fitting: the smallest factor by which the devices' memory
+    would have to grow for the feasibility check to find a partition (<= 1: it fits). It grades
+    the groupings :func:`partition_period` scores as infinite, so a search can walk towards
+    one that fits."""
+    if len(groups) > cm.num_layers:
+        return math.inf
+
+    def fits(scale: float) -> bool:
+        return _Pipeline(cm, groups, memory_scale=scale).greedy(math.inf) is not None
+
+    high = 1.0
+    while not fits(high):
+        high *= 2.0
+    low = high / 2.0 if high > 1.0 else 0.0
+    for _ in range(40):
+        if high - low <= high * 1e-6:
+            break
+        middle = (low + high) / 2.0
+        if fits(middle):
+            high = middle
+        else:
+            low = middle
+    return high
+
+
 def partition(cm: CostModel, groups: Sequence[Sequence[int]]) -> list[RawStage]:
     pipeline = _Pipeline(cm, groups)
     return pipeline.raw_stages(pipeline.search()[0])
@@ -196,6 +225,7 @@ def plan_duanwu(cm: CostModel, *, schedule: str = "1f1b", microbatches: int = 8,
     for q in choices:
         groups = ([[d] for d in range(n)] if q == n
                   else group_local_search(n, q, objective=lambda g: partition_period(cm, g),
+                                          overflow=lambda g: partition_overflow(cm, g),
                                           speeds=[d.speed for d in cm.devices.devices]))
         period = partition_period(cm, groups)
         if math.isfinite(period) and (best is None or period < best[0]):

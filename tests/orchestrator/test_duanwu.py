@@ -25,7 +25,7 @@ from orchestrator.grouping import (
 from orchestrator.partition import run_planner
 from orchestrator.partition.brute import brute_force_ordered
 from orchestrator.partition.common import to_stages
-from orchestrator.partition.duanwu import partition, partition_period
+from orchestrator.partition.duanwu import partition, partition_overflow, partition_period
 from tests.orchestrator.instances import make_device, make_profile, random_instance
 
 rates = st.lists(st.floats(0.01, 100.0), min_size=1, max_size=6)
@@ -187,3 +187,31 @@ def test_binary_search_converges_when_the_check_admits_the_tolerance(
     period = partition_period(cm, [[0, 1], [2, 3, 4], [5, 6]])
     assert math.isfinite(period)
     assert calls <= 80
+
+
+def test_local_search_escapes_a_start_that_does_not_fit_in_memory() -> None:
+    # Regression: from a sorting grouping that no partition fits, a single descent saw only
+    # infinite neighbours and stopped there.
+    checked = 0
+    for seed in range(200):
+        rng = random.Random(seed)
+        n, q = rng.randint(4, 6), 2
+        cm = random_instance(rng, layers=rng.randint(4, 12), devices=n, memory_pressure=True)
+
+        def objective(g: list[list[int]], cm: CostModel = cm) -> float:
+            return partition_period(cm, g)
+
+        speeds = [d.speed for d in cm.devices.devices]
+        if not math.isinf(objective(group_sorting(n, q, speeds=speeds))):
+            continue
+        best = objective(group_brute_force(n, q, objective=objective))
+        if math.isinf(best):
+            continue
+        found = objective(group_local_search(
+            n, q, objective=objective, speeds=speeds,
+            overflow=lambda g, cm=cm: partition_overflow(cm, g)))  # type: ignore[misc]
+        assert found <= best * 1.02
+        checked += 1
+        if checked == 5:
+            break
+    assert checked == 5
