@@ -1,0 +1,125 @@
+"""Training data for the first stage (inputs) and the last (labels). Nothing is downloaded.
+
+- ``digits``: scikit-learn's handwritten digits (1797 real 8x8 images, 10 classes), scaled to
+  [0, 1]; the last 20% (fixed order) are held out.
+- ``synthetic-cifar``: CIFAR-shaped images (3x32x32, 10 classes) generated from a seed: each
+  class is a random smooth template, each image that template plus noise, so a model can learn
+  it and the loss falls like on real data.
+- ``npz:PATH``: a file with arrays ``x`` (N, C, H, W), (N, H, W) or (N, D) and integer labels
+  ``y`` (N,); loaded with ``allow_pickle=False``.
+
+Micro-batch m is a deterministic function of (seed, m): each epoch is a fresh permutation of the
+training set, so every device that reads the data agrees on what micro-batch m holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+DATASETS = ("digits", "synthetic-cifar")
+
+
+class DataError(ValueError):
+    """A data set that cannot be used, with the file and the problem."""
+
+
+@dataclass(frozen=True, eq=False)
+class Dataset:
+    name: str
+    x_train: npt.NDArray[np.float32]
+    y_train: npt.NDArray[np.int64]
+    x_test: npt.NDArray[np.float32]
+    y_test: npt.NDArray[np.int64]
+    num_classes: int
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(int(s) for s in self.x_train.shape[1:])
+
+    def indices(self, microbatch: int, batch_size: int, *, seed: int) -> npt.NDArray[np.int64]:
+        """Training-set indices of micro-batch ``microbatch`` (a permutation per epoch)."""
+        n = len(self.y_train)
+        if batch_size > n:
+            raise DataError(f"{self.name}: batch size {batch_size} exceeds the {n} training "
+                            "samples")
+        per_epoch = n // batch_size
+        epoch, slot = divmod(microbatch, per_epoch)
+        order = np.random.default_rng([seed, epoch]).permutation(n)
+        return order[slot * batch_size:(slot + 1) * batch_size].astype(np.int64)
+
+    def microbatch(self, microbatch: int, batch_size: int, *, seed: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = self.indices(microbatch, batch_size, seed=seed)
+        return torch.from_numpy(self.x_train[idx]), torch.from_numpy(self.y_train[idx])
+
+    def test_set(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.from_numpy(self.x_test), torch.from_numpy(self.y_test)
+
+
+def _split(name: str, x: npt.NDArray[np.float32], y: npt.NDArray[np.int64],
+           classes: int) -> Dataset:
+    cut = int(len(y) * 0.8)
+    return Dataset(name=name, x_train=np.ascontiguousarray(x[:cut]), y_train=y[:cut],
+                   x_test=np.ascontiguousarray(x[cut:]), y_test=y[cut:], num_classes=classes)
+
+
+def digits() -> Dataset:
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    x = (np.asarray(bunch.images, dtype=np.float32) / 16.0).reshape(-1, 1, 8, 8)
+    return _split("digits", x, np.asarray(bunch.target, dtype=np.int64), 10)
+
+
+def synthetic_cifar(*, samples: int = 6000, seed: int = 0) -> Dataset:
+    rng = np.random.default_rng(seed)
+    coarse = rng.normal(0.0, 1.0, size=(10, 3, 8, 8)).astype(np.float32)
+    templates = coarse.repeat(4, axis=2).repeat(4, axis=3)  # smooth 32x32 patterns
+    y = rng.integers(0, 10, size=samples).astype(np.int64)
+    x = templates[y] + rng.normal(0.0, 1.5, size=(samples, 3, 32, 32)).astype(np.float32)
+    return _split("synthetic-cifar", x.astype(np.float32), y, 10)
+
+
+def from_npz(path: str | Path) -> Dataset:
+    p = Path(path)
+    try:
+        with np.load(p, allow_pickle=False) as arrays:
+            if "x" not in arrays or "y" not in arrays:
+                raise DataError(f"{p}: needs arrays 'x' and 'y', has {sorted(arrays.files)}")
+            x, y = arrays["x"], arrays["y"]
+    except FileNotFoundError:
+        raise DataError(f"{p}: no such file") from None
+    except (OSError, ValueError) as exc:
+        if isinstance(exc, DataError):
+            raise
+        raise DataError(f"{p}: not a readable .npz file ({exc})") from None
+    if x.ndim not in (2, 3, 4) or len(x) != len(y) or y.ndim != 1:
+        raise DataError(f"{p}: x must be (N, D), (N, H, W) or (N, C, H, W) and y (N,) with the "
+                        f"same N; got x {x.shape} and y {y.shape}")
+    if not np.issubdtype(y.dtype, np.integer) or len(y) < 10:
+        raise DataError(f"{p}: y must hold at least 10 integer class labels, got {y.dtype} "
+                        f"x {len(y)}")
+    if y.min() < 0:
+        raise DataError(f"{p}: labels must not be negative, found {int(y.min())}")
+    if x.ndim == 3:
+        x = x[:, None]
+    xf = x.astype(np.float32)
+    if not np.isfinite(xf).all():
+        raise DataError(f"{p}: x holds NaN or infinite values")
+    return _split(f"npz:{p}", xf, y.astype(np.int64), int(y.max()) + 1)
+
+
+def load_dataset(spec: str, *, seed: int = 0) -> Dataset:
+    """``digits``, ``synthetic-cifar`` or ``npz:PATH``."""
+    if spec == "digits":
+        return digits()
+    if spec == "synthetic-cifar":
+        return synthetic_cifar(seed=seed)
+    if spec.startswith("npz:"):
+        return from_npz(spec[4:])
+    raise DataError(f"unknown data set {spec!r}; use digits, synthetic-cifar or npz:PATH")

@@ -1,0 +1,373 @@
+"""The stage executor: runs this device's action list (orchestrator.schedule) through one
+dispatch table, exchanging activations, gradients and labels with its neighbours.
+
+- ``F`` (forward): stage 0 reads micro-batch m from the data set and sends its labels straight to
+  the last stage; other stages take the activation from the inbox. The output goes to the next
+  stage's device for m, or, on the last stage, into the loss (cross-entropy) and accuracy.
+- ``B`` (backward): the last stage differentiates its loss; others take the gradient of their
+  output from the inbox. The gradient of the input goes back to the previous stage's device.
+- ``U`` (update): SGD with momentum; each update is a new weight version.
+- ``A`` (all-reduce among a stage's replicas) is refused at deployment: this runtime runs one
+  device per stage.
+
+Weight stashing (PipeDream, FTPipeHD): a forward runs on a snapshot of the weights of its version
+(``torch.func.functional_call`` over cloned tensors), and its backward differentiates that same
+graph, so updates in between never touch what a pending backward needs. Under 1F1B the
+gradient of micro-batch m (computed with the version m saw) is applied to the latest weights at
+its ``U``; under GPipe gradients accumulate until the flush's single update. With vertical sync
+every stage forwards micro-batch m with the version stage 0 used for it (carried in the message
+header), as PipeDream's vertical sync prescribes.
+
+Every forward, backward and update becomes a timeline event (shared schema, run clock); the
+data plane reports sends and this executor records receives; the last stage reports loss and
+accuracy per micro-batch.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from agent.data import Dataset
+from agent.transport import DataPlane, Message, encode
+from orchestrator.events import TimelineEvent
+from orchestrator.schedule import Action, Schedule, build_schedule
+
+
+class StageError(RuntimeError):
+    """The stage cannot go on (a neighbour stopped answering, a deployment it cannot run)."""
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """Everything a device needs to run its stage of a run; sent by the server as JSON."""
+
+    run: int
+    device: str
+    stage: int
+    layers: tuple[int, int]
+    model: str
+    dataset: str
+    batch_size: int
+    schedule: str
+    stage_devices: tuple[tuple[str, ...], ...]
+    stage_times_s: tuple[tuple[float, ...], ...]
+    microbatches: int
+    flush_every: int | None = None
+    inflight: tuple[int, ...] | None = None
+    lr: float = 0.05
+    momentum: float = 0.9
+    seed: int = 0
+    vertical_sync: bool = False
+    receive_timeout_s: float = 60.0
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stage_devices)
+
+    @property
+    def first(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def last(self) -> bool:
+        return self.stage == self.num_stages - 1
+
+    def build_schedule(self) -> Schedule:
+        return build_schedule(name=self.schedule, stage_devices=self.stage_devices,
+                              stage_times_s=self.stage_times_s, microbatches=self.microbatches,
+                              flush_every=self.flush_every, inflight=self.inflight)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run": self.run, "device": self.device, "stage": self.stage,
+                "layers": list(self.layers), "model": self.model, "dataset": self.dataset,
+                "batch_size": self.batch_size, "schedule": self.schedule,
+                "stage_devices": [list(s) for s in self.stage_devices],
+                "stage_times_s": [list(t) for t in self.stage_times_s],
+                "microbatches": self.microbatches, "flush_every": self.flush_every,
+                "inflight": None if self.inflight is None else list(self.inflight),
+                "lr": self.lr, "momentum": self.momentum, "seed": self.seed,
+                "vertical_sync": self.vertical_sync,
+                "receive_timeout_s": self.receive_timeout_s}
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> StageSpec:
+        try:
+            spec = cls(
+                run=int(raw["run"]), device=str(raw["device"]), stage=int(raw["stage"]),
+                layers=(int(raw["layers"][0]), int(raw["layers"][1])), model=str(raw["model"]),
+                dataset=str(raw["dataset"]), batch_size=int(raw["batch_size"]),
+                schedule=str(raw["schedule"]),
+                stage_devices=tuple(tuple(str(d) for d in s) for s in raw["stage_devices"]),
+                stage_times_s=tuple(tuple(float(t) for t in s) for s in raw["stage_times_s"]),
+                microbatches=int(raw["microbatches"]),
+                flush_every=None if raw.get("flush_every") is None else int(raw["flush_every"]),
+                inflight=None if raw.get("inflight") is None else tuple(
+                    int(x) for x in raw["inflight"]),
+                lr=float(raw.get("lr", 0.05)), momentum=float(raw.get("momentum", 0.9)),
+                seed=int(raw.get("seed", 0)), vertical_sync=bool(raw.get("vertical_sync", False)),
+                receive_timeout_s=float(raw.get("receive_timeout_s", 60.0)))
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise StageError(f"malformed stage deployment: {exc!r}") from None
+        spec.check()
+        return spec
+
+    def check(self) -> None:
+        if not 0 <= self.stage < self.num_stages:
+            raise StageError(f"stage {self.stage} is not in 0..{self.num_stages - 1}")
+        if self.device not in self.stage_devices[self.stage]:
+            raise StageError(f"device {self.device!r} does not serve stage {self.stage}")
+        replicated = [k for k, s in enumerate(self.stage_devices) if len(s) > 1]
+        if replicated:
+            raise StageError(f"stage {replicated[0]} has several devices; this runtime runs one "
+                             "device per stage (choose a plan without replicated stages)")
+        if self.batch_size < 1 or self.microbatches < 1 or self.lr <= 0:
+            raise StageError("batch_size, microbatches and lr must be positive")
+
+
+@dataclass
+class Metric:
+    name: str
+    value: float
+    microbatch: int
+    at: float
+
+
+@dataclass
+class Clock:
+    """Seconds since the run started, on the server's clock (the agent's offset applied)."""
+
+    started_at: float  # server epoch seconds
+    offset_s: float = 0.0  # server clock - local clock
+
+    def now(self) -> float:
+        return time.time() + self.offset_s - self.started_at
+
+
+@dataclass
+class _InFlight:
+    version: int
+    header_version: int
+    inputs: torch.Tensor
+    output: torch.Tensor  # the loss on the last stage
+    params: dict[str, torch.Tensor]
+
+
+@dataclass
+class StageResult:
+    forwards: list[int] = field(default_factory=list)
+    backwards: list[int] = field(default_factory=list)
+    updates: int = 0
+
+
+class StageExecutor:
+    """Runs one stage's action list to the end (or until ``stop`` is set)."""
+
+    def __init__(self, spec: StageSpec, *, module: nn.Module, plane: DataPlane,
+                 clock: Clock, dataset: Dataset | None = None,
+                 on_event: Callable[[TimelineEvent], None] | None = None,
+                 on_metric: Callable[[Metric], None] | None = None,
+                 slowdown: float = 1.0, stop: threading.Event | None = None) -> None:
+        spec.check()
+        if spec.first and dataset is None:
+            raise StageError("the first stage needs the data set")
+        if slowdown < 1.0:
+            raise StageError(f"slowdown must be at least 1, got {slowdown}")
+        self.spec = spec
+        self.module = module.train()
+        self.plane = plane
+        self.clock = clock
+        self.dataset = dataset
+        self.on_event = on_event or (lambda e: None)
+        self.on_metric = on_metric or (lambda m: None)
+        self.slowdown = slowdown
+        self.stop = stop or threading.Event()
+        self.schedule = spec.build_schedule()
+        self.actions: Sequence[Action] = self.schedule.actions[spec.device]
+        self.names = [name for name, _ in module.named_parameters()]
+        self.optimizer = torch.optim.SGD(module.parameters(), lr=spec.lr, momentum=spec.momentum)
+        self.version = 0
+        self.snapshots: dict[int, dict[str, torch.Tensor]] = {}
+        self.in_flight: dict[int, _InFlight] = {}
+        self.grads: dict[int, list[torch.Tensor]] = {}
+        self.accumulated: list[torch.Tensor] | None = None
+        self.accumulated_count = 0
+        self.latest_header_version = 0
+        self.result = StageResult()
+        self.handlers: dict[str, Callable[[Action], None]] = {
+            "F": self.forward, "B": self.backward, "U": self.update, "A": self.all_reduce}
+
+    # ---- the loop
+
+    def run(self) -> StageResult:
+        for action in self.actions:
+            if self.stop.is_set():
+                break
+            handler = self.handlers.get(action.kind)
+            if handler is None:
+                raise StageError(f"unknown action {action}")
+            handler(action)
+        self.plane.flush(timeout_s=self.spec.receive_timeout_s)
+        return self.result
+
+    # ---- helpers
+
+    def _receive(self, kind: str, microbatch: int) -> Message:
+        try:
+            return self.plane.receive(kind, microbatch, timeout_s=self.spec.receive_timeout_s,
+                                      cancelled=self.stop.is_set)
+        except TimeoutError as exc:
+            raise StageError(f"stage {self.spec.stage}: {exc}") from None
+
+    def _record_receive(self, message: Message, stage: int) -> None:
+        start = message.header.sent_at if message.header.sent_at is not None else message.arrived_at
+        self.on_event(TimelineEvent(self.spec.run, self.spec.device, stage, "recv",
+                                    message.header.microbatch, message.header.version,
+                                    min(start, message.arrived_at), message.arrived_at,
+                                    message.nbytes))
+
+    def _timed(self, kind: str, microbatch: int, version: int, work: Callable[[], Any]) -> Any:
+        start = self.clock.now()
+        begun = time.perf_counter()
+        out = work()
+        if self.slowdown > 1.0:
+            time.sleep((time.perf_counter() - begun) * (self.slowdown - 1.0))
+        self.on_event(TimelineEvent(self.spec.run, self.spec.device, self.spec.stage, kind,
+                                    microbatch, version, start, self.clock.now()))
+        return out
+
+    def _send(self, kind: str, stage: int, microbatch: int, version: int,
+              tensor: torch.Tensor) -> None:
+        peer = self.schedule.device_for(stage, microbatch)
+        frames = encode(run=self.spec.run, kind=kind, microbatch=microbatch, version=version,
+                        tensor=tensor, sent_at=self.clock.now())
+        self.plane.send(peer, frames)
+
+    def _weights(self, version: int) -> dict[str, torch.Tensor]:
+        """The (stashed) weights of a version, as leaves autograd can differentiate."""
+        if version not in self.snapshots:
+            if version != self.version:
+                raise StageError(f"weight version {version} is no longer stashed "
+                                 f"(current {self.version})")
+            self.snapshots[version] = {name: p.detach().clone().requires_grad_(True)
+                                       for name, p in self.module.named_parameters()}
+        return self.snapshots[version]
+
+    def _prune_snapshots(self) -> None:
+        needed = {f.version for f in self.in_flight.values()}
+        needed.add(self.version)
+        if self.spec.vertical_sync:
+            floor = min([*needed, self.latest_header_version])
+            needed |= {v for v in self.snapshots if v >= floor}
+        for version in [v for v in self.snapshots if v not in needed]:
+            del self.snapshots[version]
+
+    # ---- the actions
+
+    def forward(self, action: Action) -> None:
+        k, m = action.stage, action.microbatch
+        labels: torch.Tensor | None = None
+        if self.spec.first:
+            assert self.dataset is not None
+            inputs, labels = self.dataset.microbatch(m, self.spec.batch_size, seed=self.spec.seed)
+            header_version = self.version
+            if not self.spec.last:
+                self._send("labels", self.spec.num_stages - 1, m, header_version, labels)
+        else:
+            message = self._receive("activation", m)
+            self._record_receive(message, k)
+            inputs = message.tensor.requires_grad_(True)
+            header_version = message.header.version
+            self.latest_header_version = max(self.latest_header_version, header_version)
+        version = header_version if self.spec.vertical_sync else self.version
+        if self.spec.last and labels is None:
+            label_message = self._receive("labels", m)
+            self._record_receive(label_message, k)
+            labels = label_message.tensor
+        params = self._weights(version)
+
+        def work() -> torch.Tensor:
+            out: torch.Tensor = functional_call(self.module, params, (inputs,))
+            if self.spec.last:
+                assert labels is not None
+                loss = nn.functional.cross_entropy(out, labels)
+                accuracy = (out.argmax(dim=1) == labels).float().mean().item()
+                now = self.clock.now()
+                self.on_metric(Metric("loss", loss.item(), m, now))
+                self.on_metric(Metric("accuracy", accuracy, m, now))
+                return loss
+            return out
+
+        output = self._timed("forward", m, header_version, work)
+        self.in_flight[m] = _InFlight(version=version, header_version=header_version,
+                                      inputs=inputs, output=output, params=params)
+        self.result.forwards.append(m)
+        if not self.spec.last:
+            self._send("activation", k + 1, m, header_version, output.detach())
+
+    def backward(self, action: Action) -> None:
+        k, m = action.stage, action.microbatch
+        flight = self.in_flight.pop(m, None)
+        if flight is None:
+            raise StageError(f"backward of micro-batch {m} before its forward")
+        upstream: torch.Tensor | None = None
+        if not self.spec.last:
+            message = self._receive("gradient", m)
+            self._record_receive(message, k)
+            upstream = message.tensor
+        wrt = list(flight.params.values())
+        needs_input_grad = not self.spec.first
+
+        def work() -> tuple[torch.Tensor | None, ...]:
+            inputs = ([flight.inputs] if needs_input_grad else []) + wrt
+            return torch.autograd.grad(flight.output, inputs, grad_outputs=upstream,
+                                       allow_unused=True)
+
+        grads = self._timed("backward", m, flight.header_version, work)
+        param_grads = [torch.zeros_like(p) if g is None else g
+                       for g, p in zip(grads[int(needs_input_grad):], wrt, strict=True)]
+        if needs_input_grad:
+            input_grad = grads[0] if grads[0] is not None else torch.zeros_like(flight.inputs)
+            self._send("gradient", k - 1, m, flight.header_version, input_grad)
+        if self.spec.schedule == "gpipe":
+            if self.accumulated is None:
+                self.accumulated = param_grads
+            else:
+                self.accumulated = [a + g for a, g in zip(self.accumulated, param_grads,
+                                                          strict=True)]
+            self.accumulated_count += 1
+        else:
+            self.grads[m] = param_grads
+        self.result.backwards.append(m)
+
+    def update(self, action: Action) -> None:
+        m = action.microbatch
+        if self.spec.schedule == "gpipe":
+            if self.accumulated is None:
+                return
+            grads = [g / self.accumulated_count for g in self.accumulated]
+            self.accumulated, self.accumulated_count = None, 0
+        else:
+            grads = self.grads.pop(m)
+
+        def work() -> None:
+            for p, g in zip(self.module.parameters(), grads, strict=True):
+                p.grad = g
+            self.optimizer.step()
+
+        self._timed("update", m, self.version, work)
+        self.version += 1
+        self.result.updates += 1
+        if self.spec.vertical_sync:
+            self._weights(self.version)  # every version may be asked for by a later micro-batch
+        self._prune_snapshots()
+
+    def all_reduce(self, action: Action) -> None:
+        raise StageError(f"{action}: this runtime runs one device per stage")

@@ -1,0 +1,334 @@
+"""The data plane between agents: tensors as ZeroMQ multipart messages [JSON header, raw bytes].
+
+Nothing received is unpickled. A header must be a JSON object with exactly the known fields
+(``run``, ``kind``, ``microbatch``, ``version``, ``dtype``, ``shape``; optionally ``name`` for a
+weight tensor and ``sent_at``, the sender's clock when it started sending), its dtype must be
+one of a fixed set, and the payload must be exactly shape x itemsize bytes and no larger than
+the configured limit; anything else is rejected with a reason and changes nothing.
+
+:class:`DataPlane` owns one PULL socket (this agent's inbox) on a receiver thread and PUSH
+sockets to its peers on a sender thread (ZeroMQ sockets are not thread-safe), so computing never
+waits for a transfer. Emulation for heterogeneous testbeds on one machine: ``bandwidth_bps`` and
+``latency_s`` shape what this agent sends (each message takes bytes / bandwidth + latency on a
+single outgoing line, as the cost model's transfers do).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import zmq
+
+log = logging.getLogger("edgepipe.agent.transport")
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+    "float64": torch.float64, "int64": torch.int64, "int32": torch.int32, "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+_NAMES = {v: k for k, v in DTYPES.items()}
+KINDS = ("activation", "gradient", "labels", "weights", "probe")
+MAX_HEADER_BYTES = 4096
+DEFAULT_MAX_MESSAGE_BYTES = 512 * 1024 * 1024
+
+
+class TransportError(ValueError):
+    """A message that does not follow the data-plane format."""
+
+
+@dataclass(frozen=True)
+class Header:
+    run: int
+    kind: str
+    microbatch: int
+    version: int
+    dtype: str
+    shape: tuple[int, ...]
+    name: str | None = None
+    sent_at: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"run": self.run, "kind": self.kind, "microbatch": self.microbatch,
+                               "version": self.version, "dtype": self.dtype,
+                               "shape": list(self.shape)}
+        if self.name is not None:
+            out["name"] = self.name
+        if self.sent_at is not None:
+            out["sent_at"] = self.sent_at
+        return out
+
+
+@dataclass(frozen=True)
+class Message:
+    header: Header
+    tensor: torch.Tensor
+    arrived_at: float = 0.0
+
+    @property
+    def nbytes(self) -> int:
+        return self.tensor.numel() * self.tensor.element_size()
+
+
+def encode(*, run: int, kind: str, microbatch: int, version: int, tensor: torch.Tensor,
+           name: str | None = None, sent_at: float | None = None) -> list[bytes]:
+    """[header, payload] for a tensor (copied to contiguous CPU memory)."""
+    if kind not in KINDS:
+        raise TransportError(f"unknown message kind {kind!r}")
+    t = tensor.detach().to("cpu").contiguous()
+    if t.dtype not in _NAMES:
+        raise TransportError(f"dtype {t.dtype} cannot be sent")
+    header = Header(run=run, kind=kind, microbatch=microbatch, version=version,
+                    dtype=_NAMES[t.dtype], shape=tuple(t.shape), name=name, sent_at=sent_at)
+    payload = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    return [json.dumps(header.to_json()).encode(), payload]
+
+
+def _int(obj: dict[str, Any], key: str, minimum: int = 0) -> int:
+    value = obj[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise TransportError(f"header field {key!r} must be an integer >= {minimum}, "
+                             f"got {value!r}")
+    return value
+
+
+def parse_header(raw: bytes) -> Header:
+    if len(raw) > MAX_HEADER_BYTES:
+        raise TransportError(f"header of {len(raw)} bytes exceeds {MAX_HEADER_BYTES}")
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TransportError(f"header is not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise TransportError("header must be a JSON object")
+    required = {"run", "kind", "microbatch", "version", "dtype", "shape"}
+    missing = required - obj.keys()
+    if missing:
+        raise TransportError(f"header lacks {sorted(missing)}")
+    unknown = obj.keys() - required - {"name", "sent_at"}
+    if unknown:
+        raise TransportError(f"header has unknown fields {sorted(unknown)}")
+    if obj["kind"] not in KINDS:
+        raise TransportError(f"unknown message kind {obj['kind']!r}")
+    if obj["dtype"] not in DTYPES:
+        raise TransportError(f"dtype {obj['dtype']!r} is not one of {', '.join(DTYPES)}")
+    shape = obj["shape"]
+    if not isinstance(shape, list) or len(shape) > 8 or any(
+            isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in shape):
+        raise TransportError(f"shape must be a list of at most 8 non-negative integers, "
+                             f"got {shape!r}")
+    name = obj.get("name")
+    if name is not None and (not isinstance(name, str) or len(name) > 256):
+        raise TransportError("name must be a string of at most 256 characters")
+    sent_at = obj.get("sent_at")
+    if sent_at is not None and (isinstance(sent_at, bool) or not isinstance(sent_at, (int, float))
+                                or not math.isfinite(sent_at)):
+        raise TransportError(f"sent_at must be a finite number, got {sent_at!r}")
+    return Header(run=_int(obj, "run"), kind=obj["kind"], microbatch=_int(obj, "microbatch"),
+                  version=_int(obj, "version"), dtype=obj["dtype"], shape=tuple(shape),
+                  name=name, sent_at=None if sent_at is None else float(sent_at))
+
+
+def decode(frames: Sequence[bytes], *, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+           arrived_at: float = 0.0) -> Message:
+    """Validate and decode [header, payload]; raises TransportError on any mismatch."""
+    if len(frames) != 2:
+        raise TransportError(f"expected 2 frames [header, payload], got {len(frames)}")
+    header = parse_header(bytes(frames[0]))
+    payload = frames[1]
+    dtype = DTYPES[header.dtype]
+    count = math.prod(header.shape)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    expected = count * itemsize
+    if expected > max_bytes:
+        raise TransportError(f"message of {expected} bytes exceeds the limit of {max_bytes}")
+    if len(payload) != expected:
+        raise TransportError(f"payload has {len(payload)} bytes but the header's shape "
+                             f"{list(header.shape)} of {header.dtype} needs {expected}")
+    if count == 0:
+        tensor = torch.empty(header.shape, dtype=dtype)
+    else:
+        tensor = torch.frombuffer(bytearray(payload), dtype=dtype).reshape(header.shape)
+    return Message(header=header, tensor=tensor, arrived_at=arrived_at)
+
+
+@dataclass(frozen=True)
+class Shaping:
+    """What this agent's outgoing line emulates (None: as fast as the machine goes)."""
+
+    bandwidth_bps: float | None = None  # bytes per second
+    latency_s: float = 0.0
+
+    def delay_s(self, nbytes: int) -> float:
+        wire = nbytes / self.bandwidth_bps if self.bandwidth_bps else 0.0
+        return wire + self.latency_s
+
+
+@dataclass
+class SendRecord:
+    """One finished send, for the timeline."""
+
+    peer: str
+    header: Header
+    nbytes: int
+    start: float
+    end: float
+
+
+@dataclass
+class _Outgoing:
+    peer: str
+    frames: list[bytes]
+    header: Header
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class DataPlane:
+    """This agent's inbox and its connections to peers."""
+
+    def __init__(self, *, bind: str, clock: Callable[[], float] = time.monotonic,
+                 shaping: Shaping | None = None,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 on_send: Callable[[SendRecord], None] | None = None,
+                 on_reject: Callable[[str], None] | None = None) -> None:
+        self.clock = clock
+        self.shaping = shaping or Shaping()
+        self.max_message_bytes = max_message_bytes
+        self.on_send = on_send
+        self.on_reject = on_reject
+        self.context = zmq.Context()
+        self.inbox_socket = self.context.socket(zmq.PULL)
+        self.inbox_socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes + MAX_HEADER_BYTES)
+        self.inbox_socket.setsockopt(zmq.LINGER, 0)
+        if bind.endswith(":0"):
+            port = self.inbox_socket.bind_to_random_port(bind[: bind.rindex(":")])
+            self.address = f"{bind[: bind.rindex(':')]}:{port}"
+        else:
+            self.inbox_socket.bind(bind)
+            self.address = bind
+        self._peers: dict[str, str] = {}
+        # messages to send; an Event is a flush marker, None stops the sender
+        self._outgoing: queue.Queue[_Outgoing | threading.Event | None] = queue.Queue()
+        self._inbox: dict[tuple[str, int, str | None], Message] = {}
+        self._inbox_changed = threading.Condition()
+        self._stop = threading.Event()
+        self.rejected = 0
+        self._receiver = threading.Thread(target=self._receive_loop, name="dataplane-recv",
+                                          daemon=True)
+        self._sender = threading.Thread(target=self._send_loop, name="dataplane-send",
+                                        daemon=True)
+        self._receiver.start()
+        self._sender.start()
+
+    # ---- peers and sending
+
+    def connect(self, peer: str, address: str) -> None:
+        """Send to ``peer`` at ``address`` from now on (the sender thread opens the socket)."""
+        self._peers[peer] = address
+
+    def send(self, peer: str, frames: list[bytes], *, wait: bool = False) -> None:
+        if peer not in self._peers:
+            raise TransportError(f"no address for peer {peer!r}")
+        item = _Outgoing(peer=peer, frames=frames, header=parse_header(frames[0]))
+        self._outgoing.put(item)
+        if wait:
+            item.done.wait()
+
+    def _send_loop(self) -> None:
+        sockets: dict[str, zmq.Socket[bytes]] = {}
+        free_at = 0.0
+        while True:
+            item = self._outgoing.get()
+            if item is None:
+                break
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
+            sock = sockets.get(item.peer)
+            if sock is None:
+                sock = self.context.socket(zmq.PUSH)
+                sock.setsockopt(zmq.LINGER, 2000)
+                sock.connect(self._peers[item.peer])
+                sockets[item.peer] = sock
+            nbytes = len(item.frames[1])
+            start = max(self.clock(), free_at)
+            deliver = start + self.shaping.delay_s(nbytes)
+            pause = deliver - self.clock()
+            if pause > 0:
+                time.sleep(pause)
+            sock.send_multipart(item.frames, copy=False)
+            free_at = deliver
+            end = self.clock()
+            if self.on_send is not None:
+                self.on_send(SendRecord(peer=item.peer, header=item.header, nbytes=nbytes,
+                                        start=start, end=end))
+            item.done.set()
+        for sock in sockets.values():
+            sock.close()
+
+    # ---- receiving
+
+    def _receive_loop(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.inbox_socket, zmq.POLLIN)
+        while not self._stop.is_set():
+            if not dict(poller.poll(100)):
+                continue
+            frames = self.inbox_socket.recv_multipart()
+            try:
+                message = decode(frames, max_bytes=self.max_message_bytes,
+                                 arrived_at=self.clock())
+            except TransportError as exc:
+                self.rejected += 1
+                log.warning("rejected a message: %s", exc)
+                if self.on_reject is not None:
+                    self.on_reject(str(exc))
+                continue
+            key = (message.header.kind, message.header.microbatch, message.header.name)
+            with self._inbox_changed:
+                self._inbox[key] = message
+                self._inbox_changed.notify_all()
+
+    def receive(self, kind: str, microbatch: int, *, name: str | None = None,
+                timeout_s: float | None = None,
+                cancelled: Callable[[], bool] | None = None) -> Message:
+        """Wait for the message ``(kind, microbatch, name)``; raises TimeoutError after
+        ``timeout_s`` or when ``cancelled()`` turns true."""
+        key = (kind, microbatch, name)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._inbox_changed:
+            while key not in self._inbox:
+                if cancelled is not None and cancelled():
+                    raise TimeoutError(f"cancelled while waiting for {kind} {microbatch}")
+                remaining = 0.2 if deadline is None else min(0.2, deadline - time.monotonic())
+                if remaining <= 0:
+                    raise TimeoutError(f"no {kind} for micro-batch {microbatch} within "
+                                       f"{timeout_s} s")
+                self._inbox_changed.wait(remaining)
+            return self._inbox.pop(key)
+
+    def pending(self) -> int:
+        with self._inbox_changed:
+            return len(self._inbox)
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until everything queued so far has been sent (False on timeout)."""
+        marker = threading.Event()
+        self._outgoing.put(marker)
+        return marker.wait(timeout_s)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._outgoing.put(None)
+        self._sender.join(timeout=5)
+        self._receiver.join(timeout=5)
+        self.inbox_socket.close()
+        self.context.term()

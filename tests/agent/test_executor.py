@@ -1,0 +1,143 @@
+"""The stage executor trains a real model in a real pipeline of ZeroMQ-connected stages."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from agent.data import load_dataset
+from agent.executor import Clock, Metric, StageError, StageExecutor, StageSpec
+from agent.transport import DataPlane
+from agent.zoo import build_model
+from orchestrator.events import EVENT_KINDS, TimelineEvent
+
+DIGITS = load_dataset("digits")
+
+
+def run_pipeline(layers: Sequence[tuple[int, int]], *, schedule: str, microbatches: int,
+                 flush_every: int | None = None, lr: float = 0.1, momentum: float = 0.0,
+                 vertical_sync: bool = False, model: str = "mlp"
+                 ) -> tuple[list[float], torch.Tensor, list[TimelineEvent], dict[str, list[int]]]:
+    torch.manual_seed(0)
+    net = build_model(model, input_shape=DIGITS.input_shape, num_classes=10)
+    devices = [f"d{k}" for k in range(len(layers))]
+    planes = {d: DataPlane(bind="tcp://127.0.0.1:0") for d in devices}
+    for d in devices:
+        for peer in devices:
+            if peer != d:
+                planes[d].connect(peer, planes[peer].address)
+    events: list[TimelineEvent] = []
+    metrics: list[Metric] = []
+    done: dict[str, list[int]] = {}
+    errors: list[BaseException] = []
+    clock = Clock(started_at=time.time())
+
+    def run(k: int) -> None:
+        spec = StageSpec(run=1, device=devices[k], stage=k, layers=layers[k], model=model,
+                         dataset="digits", batch_size=32, schedule=schedule,
+                         stage_devices=tuple((d,) for d in devices),
+                         stage_times_s=tuple((1.0,) for _ in devices),
+                         microbatches=microbatches, flush_every=flush_every, lr=lr,
+                         momentum=momentum, vertical_sync=vertical_sync, receive_timeout_s=30)
+        try:
+            result = StageExecutor(spec, module=net.stage(*layers[k]), plane=planes[devices[k]],
+                                   clock=clock, dataset=DIGITS if k == 0 else None,
+                                   on_event=events.append, on_metric=metrics.append).run()
+            done[f"F{k}"], done[f"B{k}"] = result.forwards, result.backwards
+        except BaseException as exc:  # surfaced by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(len(layers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for plane in planes.values():
+        plane.close()
+    assert not errors, errors
+    losses = [m.value for m in sorted(metrics, key=lambda m: m.microbatch) if m.name == "loss"]
+    weights = torch.cat([p.detach().flatten() for p in net.full().parameters()])
+    return losses, weights, events, done
+
+
+def test_a_synchronous_pipeline_equals_training_on_one_device() -> None:
+    # GPipe flushing after every micro-batch has no staleness: bit for bit the same training
+    one_loss, one_weights, _, _ = run_pipeline([(0, 3)], schedule="gpipe", microbatches=40,
+                                               flush_every=1, momentum=0.9)
+    three_loss, three_weights, _, _ = run_pipeline([(0, 1), (2, 2), (3, 3)], schedule="gpipe",
+                                                   microbatches=40, flush_every=1, momentum=0.9)
+    assert one_loss == three_loss
+    assert torch.equal(one_weights, three_weights)
+
+
+def test_1f1b_trains_every_microbatch_once_per_stage() -> None:
+    losses, _, events, done = run_pipeline([(0, 1), (2, 2), (3, 3)], schedule="1f1b",
+                                           microbatches=240)
+    for k in range(3):
+        assert sorted(done[f"F{k}"]) == list(range(240))
+        assert sorted(done[f"B{k}"]) == list(range(240))
+    assert sum(losses[-20:]) / 20 < 0.6 * sum(losses[:20]) / 20  # the loss falls
+    kinds = {e.kind for e in events}
+    assert {"forward", "backward", "update", "recv"} <= kinds  # sends come from the data plane
+    assert all(e.kind in EVENT_KINDS and e.end >= e.start for e in events)
+    # weight stashing: a micro-batch's forward and backward carry the same version
+    version = {(e.device, e.microbatch, e.kind): e.version for e in events}
+    for (device, m, kind), v in version.items():
+        if kind == "forward":
+            assert version[(device, m, "backward")] == v
+
+
+def test_gpipe_with_batches_and_vertical_sync_run_to_the_end() -> None:
+    losses, _, events, _ = run_pipeline([(0, 1), (2, 3)], schedule="gpipe", microbatches=60,
+                                        flush_every=6, lr=0.3)
+    updates = [e for e in events if e.kind == "update"]
+    assert len(updates) == 2 * 10  # one update per stage per batch
+    assert sum(losses[-6:]) < sum(losses[:6])
+    losses, _, _, _ = run_pipeline([(0, 1), (2, 2), (3, 3)], schedule="1f1b", microbatches=60,
+                                   vertical_sync=True)
+    assert len(losses) == 60
+
+
+def spec(**overrides: object) -> StageSpec:
+    base: dict[str, object] = dict(run=1, device="a", stage=0, layers=(0, 1), model="mlp",
+                                   dataset="digits", batch_size=8, schedule="1f1b",
+                                   stage_devices=(("a",), ("b",)), stage_times_s=((1.0,), (1.0,)),
+                                   microbatches=4)
+    base.update(overrides)
+    return StageSpec(**base)  # type: ignore[arg-type]
+
+
+def test_deployments_it_cannot_run_are_refused() -> None:
+    with pytest.raises(StageError, match="does not serve stage 1"):
+        spec(stage=1).check()
+    with pytest.raises(StageError, match="one device per stage"):
+        spec(stage_devices=(("a", "c"), ("b",)), stage_times_s=((1.0, 1.0), (1.0,))).check()
+    with pytest.raises(StageError, match="malformed stage deployment"):
+        StageSpec.from_json({"run": 1})
+    assert StageSpec.from_json(spec().to_json()) == spec()
+    plane = DataPlane(bind="tcp://127.0.0.1:0")
+    try:
+        net = build_model("mlp", input_shape=(1, 8, 8), num_classes=10)
+        with pytest.raises(StageError, match="first stage needs the data set"):
+            StageExecutor(spec(), module=net.stage(0, 1), plane=plane, clock=Clock(time.time()))
+    finally:
+        plane.close()
+
+
+def test_a_silent_neighbour_fails_the_stage_with_a_clear_error() -> None:
+    plane = DataPlane(bind="tcp://127.0.0.1:0")
+    peer = DataPlane(bind="tcp://127.0.0.1:0")
+    try:
+        plane.connect("a", peer.address)
+        net = build_model("mlp", input_shape=(1, 8, 8), num_classes=10)
+        executor = StageExecutor(spec(device="b", stage=1, layers=(2, 3), receive_timeout_s=0.3),
+                                 module=net.stage(2, 3), plane=plane, clock=Clock(time.time()))
+        with pytest.raises(StageError, match="stage 1: no activation for micro-batch 0"):
+            executor.run()
+    finally:
+        plane.close()
+        peer.close()

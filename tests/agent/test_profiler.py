@@ -1,0 +1,40 @@
+"""The profiler measures each layer and produces a valid model profile."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from agent.profiler import profile_model
+from agent.zoo import build_model
+from orchestrator.formats import parse_profile
+
+
+def test_profile_of_the_mlp_on_digits() -> None:
+    model = build_model("mlp", input_shape=(1, 8, 8), num_classes=10)
+    seen: list[tuple[int, int]] = []
+    profile = profile_model(model, batch_size=16, reference="ci", dataset="digits", repeats=3,
+                            progress=False, on_layer=lambda done, total: seen.append((done, total)))
+    assert parse_profile(profile.to_json()) == profile
+    assert seen == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    fc1 = profile.layers[0]
+    assert fc1.output_bytes == 16 * 256 * 4
+    assert fc1.param_bytes == (64 * 256 + 256) * 4
+    # it keeps its (flattened) input and its ReLU output, not its own weights
+    assert fc1.activation_bytes == 16 * 64 * 4 + 16 * 256 * 4
+    assert all(layer.forward_s > 0 and layer.backward_s > 0 for layer in profile.layers)
+
+
+def test_slowdown_scales_the_times(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a clock that advances 1 ms per reading makes every measured interval exactly 1 ms
+    ticks = itertools.count()
+    monkeypatch.setattr("agent.profiler.time.perf_counter", lambda: next(ticks) * 1e-3)
+    model = build_model("vgg5", input_shape=(1, 8, 8), num_classes=10)
+    fast = profile_model(model, batch_size=4, reference="ci", repeats=3, progress=False)
+    slow = profile_model(model, batch_size=4, reference="ci", repeats=3, progress=False,
+                         slowdown=10.0)
+    for a, b in zip(fast.layers, slow.layers, strict=True):
+        assert a.forward_s == pytest.approx(1e-3) and a.backward_s == pytest.approx(1e-3)
+        assert b.forward_s == pytest.approx(10 * a.forward_s)
+        assert b.backward_s == pytest.approx(10 * a.backward_s)

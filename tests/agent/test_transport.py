@@ -1,0 +1,117 @@
+"""The data plane: the wire format refuses anything that does not match, and the ZeroMQ plane
+delivers and shapes."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+import zmq
+
+from agent.transport import DataPlane, Shaping, TransportError, decode, encode, parse_header
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64,
+                                   torch.uint8, torch.bool])
+def test_round_trip(dtype: torch.dtype) -> None:
+    tensor = (torch.randn(3, 4, 5) * 10).to(dtype)
+    frames = encode(run=7, kind="activation", microbatch=42, version=5, tensor=tensor)
+    message = decode(frames)
+    assert message.header.run == 7 and message.header.microbatch == 42
+    assert message.header.version == 5 and message.header.shape == (3, 4, 5)
+    assert torch.equal(message.tensor, tensor)
+
+
+def header(**overrides: object) -> bytes:
+    base: dict[str, object] = {"run": 1, "kind": "activation", "microbatch": 0, "version": 0,
+                               "dtype": "float32", "shape": [2, 2]}
+    base.update(overrides)
+    return json.dumps({k: v for k, v in base.items() if v is not None}).encode()
+
+
+PAYLOAD = torch.zeros(2, 2).numpy().tobytes()
+
+
+@pytest.mark.parametrize(("frames", "reason"), [
+    ([header(), PAYLOAD[:-1]], "payload has 15 bytes but the header's shape [2, 2] of float32 "
+                               "needs 16"),
+    ([header(shape=[4, 4]), PAYLOAD], "needs 64"),
+    ([header(dtype="object"), PAYLOAD], "dtype 'object' is not one of"),
+    ([header(kind="pickle"), PAYLOAD], "unknown message kind 'pickle'"),
+    ([header(run=-1), PAYLOAD], "'run' must be an integer >= 0"),
+    ([header(microbatch=None), PAYLOAD], "header lacks ['microbatch']"),
+    ([header(evil=1), PAYLOAD], "unknown fields ['evil']"),
+    ([header(shape=[-1]), PAYLOAD], "shape must be a list"),
+    ([b"\x80\x03cos\nsystem\n", PAYLOAD], "header is not JSON"),
+    ([b"[1, 2]", PAYLOAD], "header must be a JSON object"),
+    ([header()], "expected 2 frames"),
+    ([header(sent_at="soon"), PAYLOAD], "sent_at must be a finite number"),
+])
+def test_malformed_messages_are_rejected(frames: list[bytes], reason: str) -> None:
+    with pytest.raises(TransportError) as caught:
+        decode(frames)
+    assert reason in str(caught.value)
+
+
+def test_oversized_messages_are_rejected_before_allocation() -> None:
+    frames = [header(shape=[1024, 1024, 1024]), b"x"]
+    with pytest.raises(TransportError, match="exceeds the limit of 1000000"):
+        decode(frames, max_bytes=1_000_000)
+    with pytest.raises(TransportError, match="header of 5000 bytes"):
+        parse_header(b" " * 5000)
+
+
+def test_plane_delivers_and_keeps_bad_messages_out() -> None:
+    rejected: list[str] = []
+    a = DataPlane(bind="tcp://127.0.0.1:0")
+    b = DataPlane(bind="tcp://127.0.0.1:0", on_reject=rejected.append)
+    try:
+        a.connect("b", b.address)
+        tensor = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+        a.send("b", encode(run=1, kind="gradient", microbatch=3, version=2, tensor=tensor))
+        got = b.receive("gradient", 3, timeout_s=5)
+        assert torch.equal(got.tensor, tensor)
+        # a raw peer sending garbage: rejected, logged, nothing lands in the inbox
+        raw = zmq.Context.instance().socket(zmq.PUSH)
+        raw.connect(b.address)
+        raw.send_multipart([header(), PAYLOAD[:3]])
+        raw.send_multipart([b"junk"])
+        deadline = time.monotonic() + 5
+        while len(rejected) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        raw.close()
+        assert len(rejected) == 2 and b.rejected == 2 and b.pending() == 0
+        with pytest.raises(TimeoutError, match="no activation for micro-batch 0"):
+            b.receive("activation", 0, timeout_s=0.2)
+        with pytest.raises(TransportError, match="no address for peer 'zz'"):
+            a.send("zz", encode(run=1, kind="probe", microbatch=0, version=0,
+                                tensor=torch.zeros(1)))
+    finally:
+        a.close()
+        b.close()
+
+
+def test_shaping_emulates_a_slow_link() -> None:
+    sends = []
+    a = DataPlane(bind="tcp://127.0.0.1:0", shaping=Shaping(bandwidth_bps=1_000_000,
+                                                             latency_s=0.05),
+                  on_send=sends.append)
+    b = DataPlane(bind="tcp://127.0.0.1:0")
+    try:
+        a.connect("b", b.address)
+        tensor = torch.zeros(50_000, dtype=torch.uint8)  # 50 kB at 1 MB/s = 50 ms + 50 ms
+        started = time.monotonic()
+        for m in range(3):
+            a.send("b", encode(run=1, kind="activation", microbatch=m, version=0, tensor=tensor))
+        for m in range(3):
+            b.receive("activation", m, timeout_s=5)
+        elapsed = time.monotonic() - started
+        assert 0.27 <= elapsed <= 1.5  # three serialised transfers of 0.1 s each
+        assert a.flush(timeout_s=5)
+        assert [s.nbytes for s in sends] == [50_000] * 3
+        assert all(s.end - s.start >= 0.095 for s in sends)
+    finally:
+        a.close()
+        b.close()
