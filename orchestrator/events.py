@@ -12,7 +12,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.formats import _At, _integer, _number, _object, _string
+from orchestrator.validation import (
+    At,
+    expect_integer,
+    expect_number,
+    expect_object,
+    expect_string,
+)
 
 EVENT_KINDS = ("forward", "backward", "send", "recv", "update", "replicate", "aggregate", "load")
 COMPUTE_KINDS = ("forward", "backward", "update", "aggregate")
@@ -61,32 +67,32 @@ class FaultEvent:
 
 def parse_event(raw: Any, *, file: str = "<input>", path: str = "") -> TimelineEvent:
     """Validate one timeline event (as agents send them)."""
-    at = _At(file, path)
-    obj = _object(raw, at, ("run", "device", "stage", "kind", "microbatch", "version", "start",
-                            "end"), ("bytes",))
+    at = At(file, path)
+    obj = expect_object(raw, at, ("run", "device", "stage", "kind", "microbatch", "version",
+                                  "start", "end"), ("bytes",))
     kind = obj["kind"]
     if kind not in EVENT_KINDS:
         raise at.key("kind").fail(f"must be one of {', '.join(EVENT_KINDS)}", kind)
-    start = _number(obj["start"], at.key("start"))
-    end = _number(obj["end"], at.key("end"))
+    start = expect_number(obj["start"], at.key("start"))
+    end = expect_number(obj["end"], at.key("end"))
     if end < start:
         raise at.key("end").fail(f"is before start ({start})", obj["end"])
     return TimelineEvent(
-        run=_integer(obj["run"], at.key("run")),
-        device=_string(obj["device"], at.key("device")),
-        stage=_integer(obj["stage"], at.key("stage")),
+        run=expect_integer(obj["run"], at.key("run")),
+        device=expect_string(obj["device"], at.key("device")),
+        stage=expect_integer(obj["stage"], at.key("stage")),
         kind=kind,
-        microbatch=_integer(obj["microbatch"], at.key("microbatch")),
-        version=_integer(obj["version"], at.key("version")),
+        microbatch=expect_integer(obj["microbatch"], at.key("microbatch")),
+        version=expect_integer(obj["version"], at.key("version")),
         start=start,
         end=end,
-        bytes=_integer(obj.get("bytes", 0), at.key("bytes")),
+        bytes=expect_integer(obj.get("bytes", 0), at.key("bytes")),
     )
 
 
 def parse_fault(raw: Any, *, file: str = "<input>", path: str = "") -> FaultEvent:
-    at = _At(file, path)
-    obj = _object(raw, at, ("run", "at", "kind"), ("device", "detail"))
+    at = At(file, path)
+    obj = expect_object(raw, at, ("run", "at", "kind"), ("device", "detail"))
     kind = obj["kind"]
     if kind not in FAULT_KINDS:
         raise at.key("kind").fail(f"must be one of {', '.join(FAULT_KINDS)}", kind)
@@ -94,9 +100,9 @@ def parse_fault(raw: Any, *, file: str = "<input>", path: str = "") -> FaultEven
     if not isinstance(detail, dict):
         raise at.key("detail").fail("must be a JSON object", show_value=False)
     device = obj.get("device")
-    return FaultEvent(run=_integer(obj["run"], at.key("run")), at=_number(obj["at"], at.key("at")),
-                      kind=kind,
-                      device=None if device is None else _string(device, at.key("device")),
+    return FaultEvent(run=expect_integer(obj["run"], at.key("run")),
+                      at=expect_number(obj["at"], at.key("at")), kind=kind,
+                      device=None if device is None else expect_string(device, at.key("device")),
                       detail=detail)
 
 

@@ -8,7 +8,6 @@ file, the field and the value. Every dataclass is frozen and round-trips through
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,98 +16,17 @@ from types import MappingProxyType
 from typing import Any
 
 from orchestrator.errors import FormatError
+from orchestrator.validation import (
+    At,
+    expect_integer,
+    expect_list,
+    expect_number,
+    expect_object,
+    expect_string,
+    read_json,
+)
 
 SCHEDULES = ("1f1b", "gpipe")
-
-
-# --------------------------------------------------------------------------- reading helpers
-
-
-@dataclass(frozen=True)
-class _At:
-    """A position in an input document: its file and the JSON path of a value."""
-
-    file: str
-    path: str = ""
-
-    def key(self, name: str) -> _At:
-        return _At(self.file, f"{self.path}.{name}" if self.path else name)
-
-    def index(self, i: int) -> _At:
-        return _At(self.file, f"{self.path}[{i}]")
-
-    def fail(self, reason: str, value: Any = None, *, show_value: bool = True) -> FormatError:
-        return FormatError(reason, file=self.file, field=self.path, value=value,
-                           show_value=show_value)
-
-
-def _object(raw: Any, at: _At, required: Sequence[str],
-            optional: Sequence[str] = ()) -> dict[str, Any]:
-    if not isinstance(raw, dict):
-        raise at.fail(f"must be a JSON object, not {type(raw).__name__}", show_value=False)
-    missing = [k for k in required if k not in raw]
-    if missing:
-        raise at.key(missing[0]).fail("is missing", show_value=False)
-    known = set(required) | set(optional)
-    unknown = sorted(k for k in raw if k not in known)
-    if unknown:
-        raise at.key(unknown[0]).fail(
-            f"is not a known field (known: {', '.join(sorted(known))})", show_value=False)
-    return raw
-
-
-def _number(raw: Any, at: _At, *, positive: bool = False, allow_zero: bool = True) -> float:
-    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
-        raise at.fail("must be a number", raw)
-    value = float(raw)
-    if not math.isfinite(value):
-        raise at.fail("must be finite", raw)
-    if value < 0:
-        raise at.fail("must not be negative", raw)
-    if (positive or not allow_zero) and value == 0:
-        raise at.fail("must be greater than zero", raw)
-    return value
-
-
-def _integer(raw: Any, at: _At, *, minimum: int = 0) -> int:
-    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
-        raise at.fail("must be an integer", raw)
-    if isinstance(raw, float) and (not math.isfinite(raw) or not raw.is_integer()):
-        raise at.fail("must be an integer", raw)
-    value = int(raw)
-    if value < minimum:
-        raise at.fail(f"must be at least {minimum}", raw)
-    return value
-
-
-def _string(raw: Any, at: _At) -> str:
-    if not isinstance(raw, str) or not raw.strip():
-        raise at.fail("must be a non-empty string", raw)
-    return raw
-
-
-def _list(raw: Any, at: _At, *, nonempty: bool = True) -> list[Any]:
-    if not isinstance(raw, list):
-        raise at.fail(f"must be a JSON array, not {type(raw).__name__}", show_value=False)
-    if nonempty and not raw:
-        raise at.fail("must not be empty", show_value=False)
-    return raw
-
-
-def read_json(path: str | Path) -> Any:
-    """Read a JSON file, turning I/O and syntax problems into a FormatError naming the file."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise FormatError("no such file", file=str(p)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise FormatError(f"cannot be read: {exc}", file=str(p)) from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise FormatError(f"is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
-                          file=str(p)) from None
 
 
 # --------------------------------------------------------------------------- model profile
@@ -165,20 +83,21 @@ _LAYER_FIELDS = ("name", "kind", "forward_s", "backward_s", "output_bytes", "par
 
 def parse_profile(raw: Any, *, file: str = "<input>") -> ModelProfile:
     """Validate a model-profile document and return it as a :class:`ModelProfile`."""
-    at = _At(file)
-    obj = _object(raw, at, ("model", "batch_size", "reference", "layers"), ("dataset", "source"))
+    at = At(file)
+    obj = expect_object(raw, at, ("model", "batch_size", "reference", "layers"),
+                        ("dataset", "source"))
     layers = []
-    for i, raw_layer in enumerate(_list(obj["layers"], at.key("layers"))):
+    for i, raw_layer in enumerate(expect_list(obj["layers"], at.key("layers"))):
         la = at.key("layers").index(i)
-        lo = _object(raw_layer, la, _LAYER_FIELDS)
+        lo = expect_object(raw_layer, la, _LAYER_FIELDS)
         layers.append(Layer(
-            name=_string(lo["name"], la.key("name")),
-            kind=_string(lo["kind"], la.key("kind")),
-            forward_s=_number(lo["forward_s"], la.key("forward_s")),
-            backward_s=_number(lo["backward_s"], la.key("backward_s")),
-            output_bytes=_integer(lo["output_bytes"], la.key("output_bytes")),
-            param_bytes=_integer(lo["param_bytes"], la.key("param_bytes")),
-            activation_bytes=_integer(lo["activation_bytes"], la.key("activation_bytes")),
+            name=expect_string(lo["name"], la.key("name")),
+            kind=expect_string(lo["kind"], la.key("kind")),
+            forward_s=expect_number(lo["forward_s"], la.key("forward_s")),
+            backward_s=expect_number(lo["backward_s"], la.key("backward_s")),
+            output_bytes=expect_integer(lo["output_bytes"], la.key("output_bytes")),
+            param_bytes=expect_integer(lo["param_bytes"], la.key("param_bytes")),
+            activation_bytes=expect_integer(lo["activation_bytes"], la.key("activation_bytes")),
         ))
     if sum(layer.forward_s + layer.backward_s for layer in layers) <= 0:
         raise at.key("layers").fail("every layer has zero forward and backward time: "
@@ -186,12 +105,12 @@ def parse_profile(raw: Any, *, file: str = "<input>") -> ModelProfile:
     dataset = obj.get("dataset")
     origin = obj.get("source")
     return ModelProfile(
-        model=_string(obj["model"], at.key("model")),
-        batch_size=_integer(obj["batch_size"], at.key("batch_size"), minimum=1),
-        reference=_string(obj["reference"], at.key("reference")),
+        model=expect_string(obj["model"], at.key("model")),
+        batch_size=expect_integer(obj["batch_size"], at.key("batch_size"), minimum=1),
+        reference=expect_string(obj["reference"], at.key("reference")),
         layers=tuple(layers),
-        dataset=None if dataset is None else _string(dataset, at.key("dataset")),
-        source=None if origin is None else _string(origin, at.key("source")),
+        dataset=None if dataset is None else expect_string(dataset, at.key("dataset")),
+        source=None if origin is None else expect_string(origin, at.key("source")),
         file=file,
     )
 
@@ -329,42 +248,45 @@ _DEVICE_OPTIONAL = ("speed", "latency_s", "uplink_bps", "downlink_bps", "resourc
                     "label")
 
 
-def _parse_resources(raw: Any, at: _At) -> tuple[Resource, ...]:
+def _parse_resources(raw: Any, at: At) -> tuple[Resource, ...]:
     out = []
     seen: set[str] = set()
-    for j, raw_res in enumerate(_list(raw, at)):
+    for j, raw_res in enumerate(expect_list(raw, at)):
         ra = at.index(j)
-        ro = _object(raw_res, ra, ("kind", "speed"), ("backward_speed",))
-        kind = _string(ro["kind"], ra.key("kind"))
+        ro = expect_object(raw_res, ra, ("kind", "speed"), ("backward_speed",))
+        kind = expect_string(ro["kind"], ra.key("kind"))
         if kind in seen:
             raise ra.key("kind").fail("is repeated: each resource kind may appear once per device",
                                       kind)
         seen.add(kind)
-        speed = _number(ro["speed"], ra.key("speed"), positive=True)
-        backward = (speed if "backward_speed" not in ro
-                    else _number(ro["backward_speed"], ra.key("backward_speed"), positive=True))
+        speed = expect_number(ro["speed"], ra.key("speed"), positive=True)
+        backward = speed
+        if "backward_speed" in ro:
+            backward = expect_number(ro["backward_speed"], ra.key("backward_speed"),
+                                     positive=True)
         out.append(Resource(kind=kind, speed=speed, backward_speed=backward))
     return tuple(out)
 
 
-def _parse_layer_times(raw: Any, at: _At) -> LayerTimes:
-    obj = _object(raw, at, ("forward_s", "backward_s"))
+def _parse_layer_times(raw: Any, at: At) -> LayerTimes:
+    obj = expect_object(raw, at, ("forward_s", "backward_s"))
     columns = []
     for name in ("forward_s", "backward_s"):
         ca = at.key(name)
-        columns.append(tuple(_number(v, ca.index(i)) for i, v in enumerate(_list(obj[name], ca))))
+        values = expect_list(obj[name], ca)
+        columns.append(tuple(expect_number(v, ca.index(i)) for i, v in enumerate(values)))
     if len(columns[0]) != len(columns[1]):
         raise at.key("backward_s").fail(
             f"has {len(columns[1])} entries but forward_s has {len(columns[0])}", show_value=False)
     return LayerTimes(forward_s=columns[0], backward_s=columns[1])
 
 
-def _parse_device(raw: Any, at: _At) -> Device:
-    obj = _object(raw, at, _DEVICE_REQUIRED, _DEVICE_OPTIONAL)
+def _parse_device(raw: Any, at: At) -> Device:
+    obj = expect_object(raw, at, _DEVICE_REQUIRED, _DEVICE_OPTIONAL)
     resources = (_parse_resources(obj["resources"], at.key("resources"))
                  if "resources" in obj else ())
     if "speed" in obj:
-        speed = _number(obj["speed"], at.key("speed"), positive=True)
+        speed = expect_number(obj["speed"], at.key("speed"), positive=True)
         if resources:
             total = sum(r.speed for r in resources)
             if not math.isclose(speed, total, rel_tol=1e-6):
@@ -377,49 +299,50 @@ def _parse_device(raw: Any, at: _At) -> Device:
     optional_bps = {}
     for name in ("uplink_bps", "downlink_bps"):
         if name in obj:
-            optional_bps[name] = _number(obj[name], at.key(name), positive=True)
+            optional_bps[name] = expect_number(obj[name], at.key(name), positive=True)
     label = obj.get("label")
     return Device(
-        id=_string(obj["id"], at.key("id")),
+        id=expect_string(obj["id"], at.key("id")),
         speed=speed,
-        memory_bytes=_integer(obj["memory_bytes"], at.key("memory_bytes"), minimum=1),
-        bandwidth_bps=_number(obj["bandwidth_bps"], at.key("bandwidth_bps"), positive=True),
-        latency_s=_number(obj.get("latency_s", 0.0), at.key("latency_s")),
+        memory_bytes=expect_integer(obj["memory_bytes"], at.key("memory_bytes"), minimum=1),
+        bandwidth_bps=expect_number(obj["bandwidth_bps"], at.key("bandwidth_bps"), positive=True),
+        latency_s=expect_number(obj.get("latency_s", 0.0), at.key("latency_s")),
         uplink_bps=optional_bps.get("uplink_bps"),
         downlink_bps=optional_bps.get("downlink_bps"),
         resources=resources,
         layer_times=(_parse_layer_times(obj["layer_times"], at.key("layer_times"))
                      if "layer_times" in obj else None),
-        label=None if label is None else _string(label, at.key("label")),
+        label=None if label is None else expect_string(label, at.key("label")),
     )
 
 
 def parse_devices(raw: Any, *, file: str = "<input>") -> DeviceSet:
     """Validate a devices document and return it as a :class:`DeviceSet`."""
-    at = _At(file)
-    obj = _object(raw, at, ("devices",), ("links",))
+    at = At(file)
+    obj = expect_object(raw, at, ("devices",), ("links",))
     devices = []
     seen: set[str] = set()
-    for i, raw_dev in enumerate(_list(obj["devices"], at.key("devices"))):
+    for i, raw_dev in enumerate(expect_list(obj["devices"], at.key("devices"))):
         dev = _parse_device(raw_dev, at.key("devices").index(i))
         if dev.id in seen:
             raise at.key("devices").index(i).key("id").fail("is repeated", dev.id)
         seen.add(dev.id)
         devices.append(dev)
     links = []
-    for i, raw_link in enumerate(_list(obj.get("links", []), at.key("links"), nonempty=False)):
+    raw_links = expect_list(obj.get("links", []), at.key("links"), nonempty=False)
+    for i, raw_link in enumerate(raw_links):
         la = at.key("links").index(i)
-        lo = _object(raw_link, la, ("a", "b", "bandwidth_bps"))
+        lo = expect_object(raw_link, la, ("a", "b", "bandwidth_bps"))
         ends = []
         for end in ("a", "b"):
-            name = _string(lo[end], la.key(end))
+            name = expect_string(lo[end], la.key(end))
             if name not in seen:
                 raise la.key(end).fail("is not a device of this set", name)
             ends.append(name)
         if ends[0] == ends[1]:
             raise la.key("b").fail("links a device to itself", ends[1])
         links.append(Link(a=ends[0], b=ends[1],
-                          bandwidth_bps=_number(lo["bandwidth_bps"], la.key("bandwidth_bps"),
+                          bandwidth_bps=expect_number(lo["bandwidth_bps"], la.key("bandwidth_bps"),
                                                 positive=True)))
     return DeviceSet(devices=tuple(devices), links=tuple(links), file=file)
 
@@ -535,10 +458,10 @@ def freeze_beta(beta: Mapping[str, Mapping[str, float]]) -> Mapping[str, Mapping
 
 
 def check_stages(stages: Sequence[Stage], *, num_layers: int, device_ids: Sequence[str],
-                 at: _At | None = None) -> None:
+                 at: At | None = None) -> None:
     """Raise unless the stages cover layers 0..num_layers-1 once, in order, on known devices
     that each serve a single stage."""
-    at = at or _At("<plan>", "stages")
+    at = at or At("<plan>", "stages")
     if not stages:
         raise at.fail("must not be empty", show_value=False)
     known = set(device_ids)
@@ -581,24 +504,24 @@ def parse_plan(raw: Any, *, profile: ModelProfile, devices: DeviceSet,
     ``predicted`` and ``planner_s`` are read back as given; call
     :func:`orchestrator.cost.evaluate` to recompute the prediction.
     """
-    at = _At(file)
-    obj = _object(raw, at, ("algorithm", "stages"),
+    at = At(file)
+    obj = expect_object(raw, at, ("algorithm", "stages"),
                   ("schedule", "microbatches", "beta", "predicted", "planner_s", "bound",
                    "inflight"))
     schedule = obj.get("schedule", "1f1b")
     if schedule not in SCHEDULES:
         raise at.key("schedule").fail(f"must be one of {', '.join(SCHEDULES)}", schedule)
     stages = []
-    for k, raw_stage in enumerate(_list(obj["stages"], at.key("stages"))):
+    for k, raw_stage in enumerate(expect_list(obj["stages"], at.key("stages"))):
         sa = at.key("stages").index(k)
-        so = _object(raw_stage, sa, ("layers", "devices"))
-        bounds = _list(so["layers"], sa.key("layers"))
+        so = expect_object(raw_stage, sa, ("layers", "devices"))
+        bounds = expect_list(so["layers"], sa.key("layers"))
         if len(bounds) != 2:
             raise sa.key("layers").fail("must be [first, last]", bounds)
-        first = _integer(bounds[0], sa.key("layers").index(0))
-        last = _integer(bounds[1], sa.key("layers").index(1))
-        names = tuple(_string(d, sa.key("devices").index(j))
-                      for j, d in enumerate(_list(so["devices"], sa.key("devices"))))
+        first = expect_integer(bounds[0], sa.key("layers").index(0))
+        last = expect_integer(bounds[1], sa.key("layers").index(1))
+        names = tuple(expect_string(d, sa.key("devices").index(j))
+                      for j, d in enumerate(expect_list(so["devices"], sa.key("devices"))))
         stages.append(Stage(layers=(first, last), devices=names))
     check_stages(stages, num_layers=profile.num_layers, device_ids=devices.ids,
                  at=at.key("stages"))
@@ -607,14 +530,14 @@ def parse_plan(raw: Any, *, profile: ModelProfile, devices: DeviceSet,
         beta = _parse_beta(obj["beta"], at.key("beta"), devices)
     predicted = None
     if obj.get("predicted") is not None:
-        po = _object(obj["predicted"], at.key("predicted"),
+        po = expect_object(obj["predicted"], at.key("predicted"),
                      ("period_s", "bottleneck", "throughput_sps", "memory_ok"),
                      ("stage_s", "boundary_s", "memory_need_bytes"))
         pa = at.key("predicted")
         predicted = Prediction(
-            period_s=_number(po["period_s"], pa.key("period_s")),
+            period_s=expect_number(po["period_s"], pa.key("period_s")),
             bottleneck=str(po["bottleneck"]),
-            throughput_sps=_number(po["throughput_sps"], pa.key("throughput_sps")),
+            throughput_sps=expect_number(po["throughput_sps"], pa.key("throughput_sps")),
             memory_ok=bool(po["memory_ok"]),
             stage_s=tuple(float(x) for x in po.get("stage_s", [])),
             boundary_s=tuple(float(x) for x in po.get("boundary_s", [])),
@@ -624,29 +547,30 @@ def parse_plan(raw: Any, *, profile: ModelProfile, devices: DeviceSet,
     inflight = None
     if obj.get("inflight") is not None:
         ia = at.key("inflight")
-        depths = _list(obj["inflight"], ia)
+        depths = expect_list(obj["inflight"], ia)
         if len(depths) != len(stages):
             raise ia.fail(f"has {len(depths)} entries for {len(stages)} stages", depths)
-        inflight = tuple(_integer(x, ia.index(k), minimum=1) for k, x in enumerate(depths))
+        inflight = tuple(expect_integer(x, ia.index(k), minimum=1) for k, x in enumerate(depths))
     bound = None
     if obj.get("bound") is not None:
-        bo = _object(obj["bound"], at.key("bound"), ("lower_bound_s", "exact"))
-        bound = Bound(lower_bound_s=_number(bo["lower_bound_s"], at.key("bound.lower_bound_s")),
-                      exact=bool(bo["exact"]))
+        bo = expect_object(obj["bound"], at.key("bound"), ("lower_bound_s", "exact"))
+        bound = Bound(
+            lower_bound_s=expect_number(bo["lower_bound_s"], at.key("bound.lower_bound_s")),
+            exact=bool(bo["exact"]))
     return Plan(
-        algorithm=_string(obj["algorithm"], at.key("algorithm")),
+        algorithm=expect_string(obj["algorithm"], at.key("algorithm")),
         schedule=schedule,
-        microbatches=_integer(obj.get("microbatches", 1), at.key("microbatches"), minimum=1),
+        microbatches=expect_integer(obj.get("microbatches", 1), at.key("microbatches"), minimum=1),
         stages=tuple(stages),
         beta=beta,
         predicted=predicted,
-        planner_s=_number(obj.get("planner_s", 0.0), at.key("planner_s")),
+        planner_s=expect_number(obj.get("planner_s", 0.0), at.key("planner_s")),
         bound=bound,
         inflight=inflight,
     )
 
 
-def _parse_beta(raw: Any, at: _At, devices: DeviceSet) -> Mapping[str, Mapping[str, float]]:
+def _parse_beta(raw: Any, at: At, devices: DeviceSet) -> Mapping[str, Mapping[str, float]]:
     if not isinstance(raw, dict):
         raise at.fail("must be a JSON object", show_value=False)
     out: dict[str, dict[str, float]] = {}
@@ -662,7 +586,7 @@ def _parse_beta(raw: Any, at: _At, devices: DeviceSet) -> Mapping[str, Mapping[s
             if kind not in kinds:
                 known = ", ".join(sorted(kinds))
                 raise da.key(kind).fail(f"is not a resource of this device ({known})", kind)
-            fraction = _number(value, da.key(kind))
+            fraction = expect_number(value, da.key(kind))
             if fraction > 1:
                 raise da.key(kind).fail("must be between 0 and 1", value)
             out[dev_id][kind] = fraction

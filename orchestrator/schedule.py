@@ -165,9 +165,11 @@ def build_schedule(*, name: str, stage_devices: Sequence[Sequence[str]],
             mine = [m for m in range(microbatches) if owner[m] == r]
             replicated = len(devices) > 1
             if name == "1f1b":
-                # the stage's first S - k micro-batches (at least one per replica) are its
-                # warm-up, each forwarded by the replica that owns it
-                head = min(max(in_flight, len(devices)), microbatches)
+                # the stage's first D_k micro-batches are its warm-up, each forwarded by the
+                # replica that owns it (a replica owning none of them starts with one): no
+                # replica forwards further ahead than the stage upstream can deliver without
+                # this stage's backwards, or the two would wait for each other
+                head = min(in_flight, microbatches)
                 warmup = max(1, sum(1 for m in range(head) if owner[m] == r))
                 actions[device] = tuple(_one_f_one_b(k, mine, warmup, replicated))
             else:

@@ -147,3 +147,16 @@ def test_simulation_is_deterministic() -> None:
     a = simulate(cm, plan, microbatches=20)
     b = simulate(cm, plan, microbatches=20)
     assert a.events == b.events and math.isfinite(a.makespan_s)
+
+
+def test_replicated_last_stage_does_not_deadlock() -> None:
+    # Regression (found by hypothesis): a replica of the last stage started with a forward per
+    # replica of the stage, so it forwarded micro-batch 4 before backwarding 2, while the stage
+    # before needed that backward to produce micro-batch 4.
+    cm = random_instance(random.Random(0), layers=4, devices=4, memory_pressure=False,
+                         measured=True)
+    plan = run_planner(cm, "pipedream", microbatches=3)
+    assert len(plan.stages[-1].devices) == 2
+    sim = simulate(cm, plan, microbatches=7, schedule="1f1b")
+    assert sorted(e.microbatch for e in sim.events if e.kind == "backward" and e.stage == 0) == \
+        list(range(7))
