@@ -15,6 +15,7 @@ from typing import Any
 
 from orchestrator import commands
 from orchestrator.errors import FormatError, PlanningError
+from orchestrator.sl import cli as sl_cli
 
 Register = Callable[[Any], None]
 
@@ -23,6 +24,7 @@ SUBCOMMANDS: tuple[Register, ...] = (
     commands.register_simulate,
     commands.register_compare,
     commands.register_group,
+    sl_cli.register,
 )
 
 
