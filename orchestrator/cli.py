@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from orchestrator import commands
+from orchestrator import commands, pipelearn_cli
 from orchestrator.errors import FormatError, PlanningError
 from orchestrator.sl import cli as sl_cli
 
@@ -25,6 +25,7 @@ SUBCOMMANDS: tuple[Register, ...] = (
     commands.register_compare,
     commands.register_group,
     sl_cli.register,
+    pipelearn_cli.register,
 )
 
 

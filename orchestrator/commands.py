@@ -26,7 +26,7 @@ def print_json(document: Any) -> None:
     sys.stdout.write("\n")
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -48,7 +48,7 @@ def _cost_model(args: argparse.Namespace) -> CostModel:
 
 
 def _plan_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--microbatches", type=_positive_int, default=8, metavar="M",
+    parser.add_argument("--microbatches", type=positive_int, default=8, metavar="M",
                         help="micro-batches per batch (default 8)")
     parser.add_argument("--schedule", choices=SCHEDULES, default="1f1b",
                         help="pipeline schedule (default 1f1b)")
@@ -68,7 +68,7 @@ def register_plan(sub: Any) -> None:
     parser.add_argument("--algorithm", required=True, choices=list(PLANNERS), metavar="A",
                         help=f"one of: {', '.join(PLANNERS)}")
     _plan_options(parser)
-    parser.add_argument("--workers", type=_positive_int, metavar="Q",
+    parser.add_argument("--workers", type=positive_int, metavar="Q",
                         help="duanwu only: pipeline depth q (default: the best q)")
     parser.set_defaults(handler=_plan)
 
@@ -99,7 +99,7 @@ def register_simulate(sub: Any) -> None:
                     "\"events\": [...]} with events in the shared timeline schema.")
     _inputs(parser)
     parser.add_argument("--plan", required=True, metavar="FILE", help="plan JSON")
-    parser.add_argument("--microbatches", type=_positive_int, required=True, metavar="M",
+    parser.add_argument("--microbatches", type=positive_int, required=True, metavar="M",
                         help="micro-batches to simulate")
     parser.add_argument("--schedule", choices=SCHEDULES,
                         help="schedule (default: the plan's)")
@@ -196,7 +196,7 @@ def register_group(sub: Any) -> None:
         description="Group heterogeneous devices into q virtual workers and report the "
                     "pipeline period Duan-Wu's partition reaches on them.")
     _inputs(parser)
-    parser.add_argument("--workers", type=_positive_int, required=True, metavar="Q",
+    parser.add_argument("--workers", type=positive_int, required=True, metavar="Q",
                         help="number of virtual workers (pipeline depth)")
     parser.add_argument("--algorithm", choices=GROUPING, default="local-search",
                         help="local-search (Duan-Wu Algorithm 2), sorting baseline, or "
