@@ -8,7 +8,8 @@ Sections (each a table; the last line printed is one JSON object with the headli
 1. the ResNet-101 testbed of data/profiles: every planner's period, its ratio to ``optimal``,
    memory, planning time, and the simulated 1F1B throughput against the prediction;
 2. random heterogeneous instances: each planner's period relative to the exact optimum
-   (among plans that fit in memory) and its planning time;
+   (among plans that fit in memory) and its planning time (the learned ``tapp`` has its own
+   benchmark, bench/tapp.py);
 3. ``optimal``'s exact search time against the device count at 128 layers (target: 8 devices
    in at most 2 s), and the gap of its heuristic to its proven lower bound beyond that;
 4. Duan-Wu grouping: local search (Algorithm 2) and the sorting baseline against brute force,
@@ -49,7 +50,7 @@ from orchestrator.grouping import (  # noqa: E402
     group_local_search,
     group_sorting,
 )
-from orchestrator.partition import PLANNERS, run_planner  # noqa: E402
+from orchestrator.partition import QUICK_PLANNERS, run_planner  # noqa: E402
 from orchestrator.partition.duanwu import partition_overflow, partition_period  # noqa: E402
 from orchestrator.partition.optimal import plan_optimal  # noqa: E402
 from orchestrator.simulator import simulate  # noqa: E402
@@ -83,7 +84,7 @@ def testbed_section() -> dict[str, dict[str, float]]:
     profile = load_profile(ROOT / "data/profiles/resnet101_cifar10.model.json")
     devices = load_devices(ROOT / "data/profiles/resnet101_cifar10.devices.json")
     cm = build_cost_model(profile, devices)
-    plans = {name: run_planner(cm, name) for name in PLANNERS}
+    plans = {name: run_planner(cm, name) for name in QUICK_PLANNERS}
     best = plans["optimal"].predicted
     assert best is not None
     print("\n1. ResNet-101 testbed (5 devices, 37 layers)")
@@ -105,9 +106,9 @@ def testbed_section() -> dict[str, dict[str, float]]:
 
 def random_section(count: int, seed: int) -> dict[str, dict[str, float]]:
     rng = random.Random(seed)
-    ratios: dict[str, list[float]] = {name: [] for name in PLANNERS}
-    infeasible: dict[str, int] = {name: 0 for name in PLANNERS}
-    seconds: dict[str, list[float]] = {name: [] for name in PLANNERS}
+    ratios: dict[str, list[float]] = {name: [] for name in QUICK_PLANNERS}
+    infeasible: dict[str, int] = {name: 0 for name in QUICK_PLANNERS}
+    seconds: dict[str, list[float]] = {name: [] for name in QUICK_PLANNERS}
     used = 0
     for _ in tqdm(range(count), desc="random instances", file=sys.stderr):
         cm = random_instance(rng, layers=rng.randint(12, 64), devices=rng.randint(3, 8))
@@ -117,7 +118,7 @@ def random_section(count: int, seed: int) -> dict[str, dict[str, float]]:
             continue
         assert optimum is not None
         used += 1
-        for name in PLANNERS:
+        for name in QUICK_PLANNERS:
             try:
                 plan = run_planner(cm, name)
             except PlanningError:
@@ -133,7 +134,7 @@ def random_section(count: int, seed: int) -> dict[str, dict[str, float]]:
     print(f"{'algorithm':10} {'mean':>7} {'median':>7} {'max':>8} {'no plan':>8} "
           f"{'planner_ms':>10}")
     out = {}
-    for name in PLANNERS:
+    for name in QUICK_PLANNERS:
         r = ratios[name]
         if not r:
             continue

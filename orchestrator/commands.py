@@ -13,7 +13,7 @@ from orchestrator.cost import CostModel, build_cost_model, memory_shortfall
 from orchestrator.errors import PlanningError
 from orchestrator.formats import SCHEDULES, load_devices, load_plan, load_profile
 from orchestrator.grouping import group_brute_force, group_local_search, group_sorting
-from orchestrator.partition import DESCRIPTIONS, PLANNERS, run_planner
+from orchestrator.partition import DESCRIPTIONS, PLANNERS, QUICK_PLANNERS, run_planner
 from orchestrator.partition.duanwu import partition_overflow, partition_period
 from orchestrator.schedule import format_schedule
 from orchestrator.simulator import simulate
@@ -70,6 +70,10 @@ def register_plan(sub: Any) -> None:
     _plan_options(parser)
     parser.add_argument("--workers", type=positive_int, metavar="Q",
                         help="duanwu only: pipeline depth q (default: the best q)")
+    parser.add_argument("--episodes", type=positive_int, metavar="N",
+                        help="tapp only: policy-gradient episodes (default: tapp's)")
+    parser.add_argument("--seed", type=int, metavar="S",
+                        help="tapp only: random seed of the policy and its sampling (default 0)")
     parser.set_defaults(handler=_plan)
 
 
@@ -80,6 +84,13 @@ def _plan(args: argparse.Namespace) -> int:
         if args.algorithm != "duanwu":
             raise ValueError("--workers applies to --algorithm duanwu only")
         options["workers"] = args.workers
+    for name in ("episodes", "seed"):
+        if getattr(args, name) is not None:
+            if args.algorithm != "tapp":
+                raise ValueError(f"--{name} applies to --algorithm tapp only")
+            options[name] = getattr(args, name)
+    if args.algorithm == "tapp":
+        options["progress"] = True  # training takes seconds: a progress bar on stderr
     plan = run_planner(cm, args.algorithm, **options)
     assert plan.predicted is not None
     if not plan.predicted.memory_ok:
@@ -133,7 +144,8 @@ def register_compare(sub: Any) -> None:
                     "throughput, bottleneck, memory, planner time.")
     _inputs(parser)
     parser.add_argument("--algorithms", metavar="A,B",
-                        help=f"comma-separated subset (default all: {','.join(PLANNERS)})")
+                        help=f"comma-separated planners (default: {','.join(QUICK_PLANNERS)}; "
+                             "add tapp to train the learned planner too)")
     _plan_options(parser)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(handler=_compare)
@@ -160,7 +172,7 @@ def compare_rows(cm: CostModel, algorithms: list[str], *, schedule: str,
 
 def _compare(args: argparse.Namespace) -> int:
     cm = _cost_model(args)
-    algorithms = list(PLANNERS) if not args.algorithms else [
+    algorithms = list(QUICK_PLANNERS) if not args.algorithms else [
         a.strip() for a in args.algorithms.split(",") if a.strip()]
     unknown = [a for a in algorithms if a not in PLANNERS]
     if unknown:

@@ -1,6 +1,11 @@
 """The pipeline planners, by name. Each takes a :class:`~orchestrator.cost.CostModel` and
 keyword options and returns a :class:`~orchestrator.formats.Plan` whose ``predicted`` is the cost
-model's verdict on it."""
+model's verdict on it.
+
+``tapp`` is registered lazily: its module needs torch, which importing the planning core must
+not pull in, so :func:`plan_tapp` imports :mod:`orchestrator.tapp` when it is first called. It
+learns for about a minute, so it is not among :data:`QUICK_PLANNERS`, the planners that
+``compare`` and the web app's default planning run unasked."""
 
 from __future__ import annotations
 
@@ -17,6 +22,15 @@ from orchestrator.partition.pipedream import plan_pipedream
 
 Planner = Callable[..., Plan]
 
+
+def plan_tapp(cm: CostModel, **options: Any) -> Plan:
+    """TAPP's reinforcement-learning planner (:func:`orchestrator.tapp.plan_tapp`), imported on
+    first use."""
+    from orchestrator.tapp import plan_tapp as train_and_plan
+
+    return train_and_plan(cm, **options)
+
+
 PLANNERS: dict[str, Planner] = {
     "uniform": plan_uniform,
     "pipedream": plan_pipedream,
@@ -25,7 +39,11 @@ PLANNERS: dict[str, Planner] = {
     "pipetorch": plan_pipetorch,
     "bsp": plan_bsp,
     "duanwu": plan_duanwu,
+    "tapp": plan_tapp,
 }
+
+LEARNED = frozenset({"tapp"})
+QUICK_PLANNERS: tuple[str, ...] = tuple(name for name in PLANNERS if name not in LEARNED)
 
 DESCRIPTIONS: dict[str, str] = {
     "uniform": "equal layer counts, devices in the given order (GPipe-style baseline)",
@@ -35,6 +53,7 @@ DESCRIPTIONS: dict[str, str] = {
     "pipetorch": "Pipe-torch baseline: devices by bandwidth, compute-balanced cuts",
     "bsp": "data parallelism: one stage, every device a replica",
     "duanwu": "Duan-Wu: device grouping, binary-search partition, beta resource split",
+    "tapp": "TAPP: policy-gradient RL of partition + allocation networks (torch; seconds)",
 }
 
 
