@@ -1,0 +1,63 @@
+"""The run page's WebSocket, through the real ASGI application (session cookie, routing)."""
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.test import Client
+
+from tests.webapp.factories import RunFactory, UserFactory
+from webapp.asgi import application
+from webapp.runs import services
+from webapp.runs.models import Run
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def session_headers() -> list[tuple[bytes, bytes]]:
+    client = Client()
+    client.force_login(UserFactory())
+    cookie = client.cookies["sessionid"].value
+    return [(b"cookie", f"sessionid={cookie}".encode()), (b"origin", b"http://testserver")]
+
+
+def test_a_logged_in_page_gets_a_snapshot_then_the_runs_events():
+    run = RunFactory(state=Run.State.RUNNING)
+    headers = session_headers()
+
+    async def scenario() -> tuple[dict, dict, dict, dict]:
+        page = WebsocketCommunicator(application, f"/ws/runs/{run.pk}/", headers=headers)
+        connected, _ = await page.connect()
+        assert connected
+        snapshot = await page.receive_json_from(timeout=5)
+        await database_sync_to_async(services.run_pause)(run=run)
+        event = await page.receive_json_from(timeout=5)
+        await page.send_json_to({"type": "snapshot"})
+        again = await page.receive_json_from(timeout=5)
+        await page.send_json_to({"type": "gantt please"})
+        error = await page.receive_json_from(timeout=5)
+        await page.disconnect()
+        return snapshot, event, again, error
+
+    snapshot, event, again, error = async_to_sync(scenario)()
+    assert snapshot["type"] == "snapshot" and snapshot["run"]["id"] == run.pk
+    assert snapshot["run"]["state"] == "running" and snapshot["plans"] == []
+    assert event["type"] == "run" and event["run"]["state"] == "paused"
+    assert again["type"] == "snapshot" and again["run"]["state"] == "paused"
+    assert error["type"] == "error"
+
+
+@pytest.mark.parametrize(("logged_in", "exists", "code"), [
+    (False, True, 4401),
+    (True, False, 4404),
+])
+def test_a_page_without_a_session_or_run_is_closed(logged_in, exists, code):
+    run_id = RunFactory().pk if exists else 999
+    headers = session_headers() if logged_in else [(b"origin", b"http://testserver")]
+
+    async def scenario() -> tuple[bool, int]:
+        page = WebsocketCommunicator(application, f"/ws/runs/{run_id}/", headers=headers)
+        connected, close_code = await page.connect()
+        return connected, close_code
+
+    assert async_to_sync(scenario)() == (False, code)

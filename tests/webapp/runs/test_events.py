@@ -1,0 +1,84 @@
+"""The run group's events: sent after commit, and enough to keep a page's snapshot current."""
+
+import asyncio
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+
+from tests.webapp.factories import DeviceFactory, LayerProfileFactory, ModelSpecFactory, RunFactory
+from webapp.runs import events, services
+from webapp.runs.models import Run
+
+
+def drain(channel: str) -> list[dict]:
+    """Every message waiting on ``channel``."""
+    layer = get_channel_layer()
+    received = []
+
+    async def pull() -> None:
+        while True:
+            try:
+                received.append(await asyncio.wait_for(layer.receive(channel), timeout=0.2))
+            except TimeoutError:
+                return
+
+    async_to_sync(pull)()
+    return received
+
+
+def subscribe(run_id: int) -> str:
+    layer = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(events.run_group(run_id), channel)
+    return channel
+
+
+def test_group_name():
+    assert events.run_group(42) == "run-42"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_applying_the_events_to_an_old_snapshot_gives_the_fresh_snapshot():
+    # Prepare: a profiled run, a page that took its snapshot while the run was a draft
+    spec = ModelSpecFactory()
+    devices = [DeviceFactory(), DeviceFactory(), DeviceFactory()]
+    for k, device in enumerate(devices):
+        LayerProfileFactory(device=device, model_spec=spec, scale=1.0 + k)
+    run = RunFactory(model_spec=spec, devices=devices, algorithms=["uniform", "ftpipehd"])
+    old = events.run_snapshot(Run.objects.get(pk=run.pk))
+    channel = subscribe(run.pk)
+    # Execute: plan (tasks run eagerly on commit), plan again with another set, then start
+    services.run_plan(run=run)
+    services.run_plan(run=run, algorithms=["bsp", "optimal", "uniform"])
+    services.run_start(run=run)
+    received = [m["event"] for m in drain(channel)]
+    # Assert
+    assert {e["type"] for e in received} == {"run", "plan"}
+    assert [e["run"]["state"] for e in received if e["type"] == "run"] == [
+        "planning", "planned", "planning", "planned", "starting"]
+    applied = old
+    for event in received:
+        applied = events.snapshot_apply(applied, event)
+    fresh = events.run_snapshot(Run.objects.get(pk=run.pk))
+    assert applied == fresh
+    assert {p["algorithm"] for p in applied["plans"]} == {"bsp", "optimal", "uniform"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_nothing_is_sent_for_a_transaction_that_rolls_back():
+    from django.db import transaction
+
+    run = RunFactory(state=Run.State.RUNNING)
+    channel = subscribe(run.pk)
+    with pytest.raises(RuntimeError), transaction.atomic():
+        services.run_pause(run=run)
+        raise RuntimeError("rolled back")
+    assert drain(channel) == []
+    services.run_pause(run=run)
+    assert [m["event"]["run"]["state"] for m in drain(channel)] == ["paused"]
+
+
+def test_snapshot_apply_rejects_an_unknown_event():
+    with pytest.raises(ValueError, match="unknown event type 'gantt'"):
+        events.snapshot_apply({"run": {}, "plans": []}, {"type": "gantt"})

@@ -1,0 +1,301 @@
+import math
+
+import pytest
+from django.db import connection
+
+from orchestrator.events import TimelineEvent as TimelineRecord
+from tests.webapp.factories import (
+    DeviceFactory,
+    LayerProfileFactory,
+    ModelSpecFactory,
+    PlanFactory,
+    RunFactory,
+)
+from webapp.common.exceptions import Conflict, IllegalTransition, InvalidInput
+from webapp.devices.models import Device
+from webapp.runs import services
+from webapp.runs.models import FaultEvent, MetricPoint, Plan, Run, TimelineEvent
+
+pytestmark = pytest.mark.django_db
+
+
+def profiled_run(*, algorithms=("ftpipehd", "uniform"), scales=(1.0, 2.0, 0.5), **kwargs):
+    spec = ModelSpecFactory()
+    devices = [DeviceFactory() for _ in scales]
+    for device, scale in zip(devices, scales, strict=True):
+        LayerProfileFactory(device=device, model_spec=spec, layers=6, scale=scale)
+    return RunFactory(model_spec=spec, devices=devices, algorithms=list(algorithms), **kwargs)
+
+
+# --------------------------------------------------------------------------- creation
+
+
+def test_run_create_keeps_the_device_order():
+    spec = ModelSpecFactory()
+    a, b, c = DeviceFactory(), DeviceFactory(), DeviceFactory()
+    run = services.run_create(name="r", model_spec=spec, devices=[c, a, b],
+                              algorithms=["duanwu", "bsp"], microbatches=6)
+    assert run.state == Run.State.DRAFT
+    assert [rd.device for rd in run.run_devices.all()] == [c, a, b]
+    assert run.algorithms == ["duanwu", "bsp"] and run.microbatches == 6
+
+
+@pytest.mark.parametrize(("devices", "algorithms", "field", "reason"), [
+    ("retired", ["bsp"], "devices[1]", "is retired"),
+    ("twice", ["bsp"], "devices[1]", "repeats device"),
+    ("none", ["bsp"], "devices", "must name at least one device"),
+    ("ok", ["bsp", "magic"], "algorithms[1]", "unknown algorithm 'magic'; known: uniform"),
+    ("ok", ["bsp", "bsp"], "algorithms[1]", "repeats 'bsp'"),
+    ("ok", [], "algorithms", "must name at least one algorithm"),
+])
+def test_run_create_refuses_bad_devices_and_algorithms(devices, algorithms, field, reason):
+    first = DeviceFactory()
+    chosen = {"retired": [first, DeviceFactory(status=Device.Status.RETIRED)],
+              "twice": [first, first], "none": [], "ok": [first]}[devices]
+    with pytest.raises(InvalidInput) as caught:
+        services.run_create(name="r", model_spec=ModelSpecFactory(), devices=chosen,
+                            algorithms=algorithms)
+    assert caught.value.errors[0].field == field
+    assert reason in caught.value.errors[0].reason
+    assert not Run.objects.exists()
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def test_run_plan_queues_one_task_per_algorithm_after_commit(django_capture_on_commit_callbacks):
+    run = profiled_run()
+    with django_capture_on_commit_callbacks() as callbacks:
+        services.run_plan(run=run)
+        run.refresh_from_db()
+        assert run.state == Run.State.PLANNING
+        assert sorted(run.plans.values_list("status", flat=True)) == ["pending", "pending"]
+    planning = [c for c in callbacks if getattr(c, "func", None).__name__ == "delay"]
+    assert sorted(c.args[0] for c in planning) == sorted(run.plans.values_list("pk", flat=True))
+
+
+def test_planning_stores_prediction_and_simulation_and_moves_the_run_to_planned(
+        django_capture_on_commit_callbacks):
+    run = profiled_run(algorithms=("ftpipehd", "uniform", "duanwu"))
+    with django_capture_on_commit_callbacks(execute=True):
+        services.run_plan(run=run)
+    run.refresh_from_db()
+    assert run.state == Run.State.PLANNED and run.error == ""
+    plans = {p.algorithm: p for p in run.plans.all()}
+    assert set(plans) == {"ftpipehd", "uniform", "duanwu"}
+    for plan in plans.values():
+        assert plan.status == Plan.Status.DONE and plan.attempts == 1
+        assert plan.document["algorithm"] == plan.algorithm
+        assert plan.document["microbatches"] == run.microbatches
+        assert plan.period_s > 0 and plan.throughput_sps == pytest.approx(32 / plan.period_s)
+        assert plan.memory_ok is True and plan.planner_s >= 0
+        assert plan.simulated_throughput_sps > 0
+        assert plan.simulation["microbatches"] == run.microbatches * 2  # test settings: 2 batches
+        stage_devices = {d for s in plan.document["stages"] for d in s["devices"]}
+        assert stage_devices <= set(plan.simulation["devices"]) | stage_devices
+        assert stage_devices <= {rd.device.uid for rd in run.run_devices.all()}
+        assert plan.stages == len(plan.document["stages"])
+    # the simulator sees pipeline fill and drain that the steady-state cost model does not
+    assert plans["ftpipehd"].simulated_throughput_sps < plans["ftpipehd"].throughput_sps
+    assert "beta" in plans["duanwu"].document
+
+
+def test_planning_fails_the_run_with_a_readable_error_when_a_profile_is_missing(
+        django_capture_on_commit_callbacks):
+    run = profiled_run()
+    bare = DeviceFactory(name="new jetson")
+    run.run_devices.create(device=bare, position=3)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.run_plan(run=run)
+    run.refresh_from_db()
+    assert run.state == Run.State.FAILED
+    assert run.error.startswith("no plan could be used. ftpipehd: no profile of mlp")
+    assert f"'new jetson' ({bare.uid})" in run.error
+    assert set(run.plans.values_list("status", flat=True)) == {"failed"}
+
+
+def test_a_plan_that_does_not_fit_in_memory_is_kept_but_the_run_fails(
+        django_capture_on_commit_callbacks):
+    run = profiled_run(algorithms=("bsp",))
+    Device.objects.filter(run_devices__run=run).update(memory_bytes=1000)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.run_plan(run=run)
+    run.refresh_from_db()
+    plan = run.plans.get()
+    assert plan.status == Plan.Status.DONE and plan.memory_ok is False
+    assert "does not fit in memory: device" in plan.error and "has 1,000" in plan.error
+    assert run.state == Run.State.FAILED and "bsp: does not fit in memory" in run.error
+
+
+def test_planning_again_replaces_the_plans(django_capture_on_commit_callbacks):
+    run = profiled_run(algorithms=("uniform",))
+    with django_capture_on_commit_callbacks(execute=True):
+        services.run_plan(run=run)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.run_plan(run=run, algorithms=["bsp", "ftpipehd"])
+    run.refresh_from_db()
+    assert run.algorithms == ["bsp", "ftpipehd"] and run.state == Run.State.PLANNED
+    assert sorted(run.plans.values_list("algorithm", flat=True)) == ["bsp", "ftpipehd"]
+
+
+def test_planning_a_run_that_is_planning_is_a_conflict():
+    run = RunFactory(state=Run.State.PLANNING)
+    with pytest.raises(IllegalTransition) as caught:
+        services.run_plan(run=run)
+    assert caught.value.transition == "planning -> planning"
+
+
+def test_plan_compute_is_idempotent():
+    run = profiled_run(algorithms=("ftpipehd",), state=Run.State.PLANNING)
+    plan = Plan.objects.create(run=run, algorithm="ftpipehd")
+    assert services.plan_compute(plan_id=plan.pk)["status"] == "done"
+    assert services.plan_compute(plan_id=plan.pk) == {"plan": plan.pk, "status": "skipped"}
+    plan.refresh_from_db()
+    assert plan.attempts == 1
+    assert services.plan_compute(plan_id=10**9) == {"plan": 10**9, "status": "skipped"}
+
+
+def test_a_plan_left_running_by_a_dead_worker_is_computed_again():
+    run = profiled_run(algorithms=("uniform",), state=Run.State.PLANNING)
+    plan = Plan.objects.create(run=run, algorithm="uniform", status=Plan.Status.RUNNING,
+                               attempts=1, worker="celery@dead")
+    result = services.plan_compute(plan_id=plan.pk, worker="celery@alive")
+    plan.refresh_from_db()
+    run.refresh_from_db()
+    assert result["status"] == "done"
+    assert (plan.status, plan.attempts, plan.worker) == ("done", 2, "celery@alive")
+    assert run.state == Run.State.PLANNED
+
+
+def test_a_plan_of_a_cancelled_run_is_not_computed():
+    run = profiled_run(algorithms=("uniform",), state=Run.State.CANCELLED)
+    plan = Plan.objects.create(run=run, algorithm="uniform")
+    services.plan_compute(plan_id=plan.pk)
+    plan.refresh_from_db()
+    assert plan.status == Plan.Status.FAILED and plan.error == f"run {run.pk} is cancelled"
+    assert plan.document is None
+
+
+def test_a_crashing_planner_fails_its_plan_instead_of_leaving_the_run_planning(monkeypatch):
+    run = profiled_run(algorithms=("uniform",), state=Run.State.PLANNING)
+    plan = Plan.objects.create(run=run, algorithm="uniform")
+
+    def crash(*args, **kwargs):
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr(services, "run_planner", crash)
+    services.plan_compute(plan_id=plan.pk)
+    plan.refresh_from_db()
+    run.refresh_from_db()
+    assert plan.error == "the planner crashed: ZeroDivisionError: division by zero"
+    assert run.state == Run.State.FAILED
+
+
+def test_plans_requeue_unfinished_queues_the_plans_of_planning_runs(monkeypatch):
+    queued = []
+    from webapp.runs import tasks
+
+    monkeypatch.setattr(tasks.plan_compute, "delay", queued.append)
+    planning = RunFactory(state=Run.State.PLANNING)
+    waiting = PlanFactory(run=planning, algorithm="uniform", status="pending")
+    running = PlanFactory(run=planning, algorithm="bsp", status="running")
+    PlanFactory(run=planning, algorithm="ftpipehd", status="done")
+    PlanFactory(run=RunFactory(state=Run.State.CANCELLED), status="pending")
+    assert sorted(services.plans_requeue_unfinished()) == sorted([waiting.pk, running.pk])
+    assert sorted(queued) == sorted([waiting.pk, running.pk])
+
+
+# --------------------------------------------------------------------------- starting
+
+
+def test_start_takes_the_best_fitting_plan_by_default():
+    run = RunFactory(state=Run.State.PLANNED)
+    PlanFactory(run=run, algorithm="uniform", period_s=0.3)
+    best = PlanFactory(run=run, algorithm="ftpipehd", period_s=0.2)
+    PlanFactory(run=run, algorithm="bsp", period_s=0.1, memory_ok=False)
+    services.run_start(run=run)
+    run.refresh_from_db()
+    assert run.state == Run.State.STARTING and run.chosen_plan == best
+    assert run.started_at is not None
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    ({"memory_ok": False}, "does not fit in the devices' memory"),
+    ({"status": "failed"}, "is failed, not done"),
+])
+def test_start_refuses_an_unusable_plan(change, reason):
+    run = RunFactory(state=Run.State.PLANNED)
+    plan = PlanFactory(run=run, **change)
+    with pytest.raises(InvalidInput, match=reason):
+        services.run_start(run=run, plan=plan)
+
+
+def test_start_refuses_another_runs_plan():
+    run = RunFactory(state=Run.State.PLANNED)
+    with pytest.raises(InvalidInput, match="belongs to run"):
+        services.run_start(run=run, plan=PlanFactory())
+
+
+def test_pause_then_start_resumes_with_the_same_plan():
+    run = RunFactory(state=Run.State.RUNNING)
+    plan = PlanFactory(run=run)
+    Run.objects.filter(pk=run.pk).update(chosen_plan=plan)
+    services.run_pause(run=run)
+    resumed = services.run_start(run=run)
+    assert resumed.state == Run.State.RUNNING and resumed.chosen_plan == plan
+    with pytest.raises(IllegalTransition, match="cannot pause"):
+        services.run_pause(run=RunFactory(state=Run.State.PLANNED))
+
+
+def test_stop_cancels_and_records_the_time():
+    stopped = services.run_stop(run=RunFactory(state=Run.State.RUNNING))
+    assert stopped.state == Run.State.CANCELLED and stopped.finished_at is not None
+
+
+# --------------------------------------------------------------------------- events in bulk
+
+
+def test_tens_of_thousands_of_timeline_events_are_stored_in_bulk(django_assert_max_num_queries):
+    run = RunFactory(state=Run.State.RUNNING)
+    records = [TimelineRecord(run.pk, "dev-1", i % 4, "forward", i, 0, i * 0.01, i * 0.01 + 0.005)
+               for i in range(30_000)]
+    fields = [f for f in TimelineEvent._meta.concrete_fields if not f.primary_key]
+    per_query = min(services.BULK_BATCH, connection.ops.bulk_batch_size(fields, records))
+    with django_assert_max_num_queries(math.ceil(30_000 / per_query) + 2):
+        assert services.timeline_events_store(run=run, records=records) == 30_000
+    assert TimelineEvent.objects.filter(run=run).count() == 30_000
+    assert TimelineEvent.objects.filter(run=run).order_by("-start").first().microbatch == 29_999
+
+
+def test_run_events_store_checks_everything_before_storing_anything():
+    device = DeviceFactory()
+    run = RunFactory(state=Run.State.RUNNING, devices=[device])
+    good = {"run": run.pk, "device": device.uid, "stage": 0, "kind": "forward",
+            "microbatch": 1, "version": 0, "start": 1.0, "end": 1.5}
+    stored = services.run_events_store(
+        run=run, device=device, timeline=[good],
+        faults=[{"run": run.pk, "at": 2.0, "kind": "device_lost", "device": "x",
+                 "detail": {"reason": "heartbeat timeout"}}],
+        metrics=[{"at": 2.0, "kind": "loss", "value": 0.7}])
+    assert stored == {"timeline": 1, "faults": 1, "metrics": 1}
+    assert FaultEvent.objects.get().detail == {"reason": "heartbeat timeout"}
+    assert MetricPoint.objects.get().value == 0.7
+    cases = [
+        ({"timeline": [good, {**good, "device": "someone-else"}]}, "timeline[1].device"),
+        ({"timeline": [{**good, "run": run.pk + 1}]}, "timeline[0].run"),
+        ({"timeline": [good, {**good, "end": 0.5}]}, "timeline[1].end"),
+        ({"faults": [{"run": run.pk, "at": 1.0, "kind": "exploded"}]}, "faults[0].kind"),
+    ]
+    for batch, field in cases:
+        with pytest.raises(InvalidInput) as caught:
+            services.run_events_store(run=run, device=device, **batch)
+        assert caught.value.errors[0].field == field
+    assert TimelineEvent.objects.count() == 1
+
+
+def test_run_events_store_refuses_a_run_that_is_not_active():
+    device = DeviceFactory()
+    run = RunFactory(state=Run.State.PLANNED, devices=[device])
+    with pytest.raises(Conflict) as caught:
+        services.run_events_store(run=run, device=device, metrics=[])
+    assert caught.value.state == "planned" and caught.value.action == "report events"

@@ -1,0 +1,1 @@
+"""What the apps share: domain errors and their JSON form, authentication, secrets."""

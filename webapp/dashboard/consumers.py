@@ -1,0 +1,54 @@
+"""The browser's live connection to a run page: a snapshot on connect, then the run group's
+events (webapp.runs.events). Logged-in users only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from webapp.runs.events import Event, run_group, run_snapshot
+from webapp.runs.selectors import run_list
+
+CLOSE_UNAUTHENTICATED = 4401
+CLOSE_NOT_FOUND = 4404
+
+
+@database_sync_to_async
+def _snapshot(run_id: int) -> Event | None:
+    run = run_list().filter(pk=run_id).first()
+    return None if run is None else run_snapshot(run)
+
+
+class RunConsumer(AsyncJsonWebsocketConsumer):
+    """ws/runs/<id>/: sends {"type": "snapshot", ...} on connect and on request
+    ({"type": "snapshot"}), then {"type": "run" | "plan", ...} events as they happen."""
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
+        if user is None or not user.is_authenticated:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        snapshot = await _snapshot(self.run_id)
+        if snapshot is None:
+            await self.close(code=CLOSE_NOT_FOUND)
+            return
+        await self.channel_layer.group_add(run_group(self.run_id), self.channel_name)
+        await self.accept()
+        await self.send_json(snapshot)
+
+    async def disconnect(self, code: int) -> None:
+        await self.channel_layer.group_discard(run_group(self.run_id), self.channel_name)
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        if isinstance(content, dict) and content.get("type") == "snapshot":
+            snapshot = await _snapshot(self.run_id)
+            await self.send_json(snapshot or {"type": "error", "detail": "the run was deleted"})
+            return
+        await self.send_json({"type": "error",
+                              "detail": 'unknown message; send {"type": "snapshot"}'})
+
+    async def run_event(self, message: dict[str, Any]) -> None:
+        await self.send_json(message["event"])

@@ -1,0 +1,259 @@
+"""REST endpoints for devices: users manage enrolment tokens, devices and model specs and read
+profiles (session); agents enrol, send heartbeats and upload profiles (device key)."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from webapp.common import fields
+from webapp.common.api import get_or_404, validated
+from webapp.devices import selectors, services
+from webapp.devices.auth import DeviceKeyAuthentication, IsDevice
+from webapp.devices.models import Device
+
+MAX_TOKEN_TTL_S = 30 * 24 * 3600
+MAX_BYTES = 2**62
+
+
+class TokenOutput(serializers.Serializer):
+    id = serializers.IntegerField()
+    label = serializers.CharField()
+    prefix = serializers.CharField()
+    created_by = serializers.CharField(source="created_by.username", default=None)
+    created_at = serializers.DateTimeField()
+    expires_at = serializers.DateTimeField()
+    revoked_at = serializers.DateTimeField()
+    max_uses = serializers.IntegerField()
+    uses = serializers.IntegerField()
+
+
+class DeviceOutput(serializers.Serializer):
+    id = serializers.IntegerField()
+    uid = serializers.CharField()
+    name = serializers.CharField()
+    status = serializers.CharField()
+    last_heartbeat_at = serializers.DateTimeField()
+    hardware = serializers.JSONField()
+    speed = serializers.FloatField()
+    memory_bytes = serializers.IntegerField()
+    bandwidth_bps = serializers.FloatField()
+    uplink_bps = serializers.FloatField()
+    downlink_bps = serializers.FloatField()
+    latency_s = serializers.FloatField()
+    enrolled_at = serializers.DateTimeField()
+    retired_at = serializers.DateTimeField()
+
+
+class ModelSpecOutput(serializers.Serializer):
+    id = serializers.IntegerField()
+    model = serializers.CharField()
+    dataset = serializers.CharField()
+    batch_size = serializers.IntegerField()
+
+
+class ProfileOutput(serializers.Serializer):
+    id = serializers.IntegerField()
+    device = serializers.IntegerField(source="device_id")
+    device_uid = serializers.CharField(source="device.uid")
+    model_spec = serializers.IntegerField(source="model_spec_id")
+    num_layers = serializers.IntegerField()
+    forward_s = serializers.FloatField()
+    backward_s = serializers.FloatField()
+    measured_at = serializers.DateTimeField()
+
+
+class ProfileDetailOutput(ProfileOutput):
+    document = serializers.JSONField()
+
+
+# --------------------------------------------------------------------------- enrolment tokens
+
+
+class TokenListCreateApi(APIView):
+    class TokenCreateInput(serializers.Serializer):
+        label = fields.CharField(max_length=100, required=False, allow_blank=True, default="")
+        max_uses = fields.IntegerField(min_value=1, max_value=1000, required=False, default=1)
+        expires_in_s = fields.IntegerField(min_value=60, max_value=MAX_TOKEN_TTL_S,
+                                           required=False)
+
+    class CreatedOutput(TokenOutput):
+        token = serializers.CharField(help_text="the secret: shown once, never again")
+
+    @extend_schema(responses=TokenOutput(many=True))
+    def get(self, request: Request) -> Response:
+        return Response(TokenOutput(selectors.enrollment_token_list(), many=True).data)
+
+    @extend_schema(request=TokenCreateInput, responses={201: CreatedOutput})
+    def post(self, request: Request) -> Response:
+        data = validated(self.TokenCreateInput, request)
+        token, secret = services.enrollment_token_create(created_by=request.user, **data)
+        token.token = secret
+        return Response(self.CreatedOutput(token).data, status=status.HTTP_201_CREATED)
+
+
+class TokenRevokeApi(APIView):
+    @extend_schema(request=None, responses=TokenOutput)
+    def post(self, request: Request, token_id: int) -> Response:
+        token = get_or_404(selectors.enrollment_token_list(), token_id, what="enrolment token")
+        return Response(TokenOutput(services.enrollment_token_revoke(token=token)).data)
+
+
+# --------------------------------------------------------------------------- devices (users)
+
+
+class DeviceListApi(APIView):
+    class DeviceFilter(serializers.Serializer):
+        status = serializers.ChoiceField(choices=Device.Status.choices, required=False)
+
+    @extend_schema(parameters=[DeviceFilter], responses=DeviceOutput(many=True))
+    def get(self, request: Request) -> Response:
+        filters = self.DeviceFilter(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        devices = selectors.device_list(**filters.validated_data)
+        return Response(DeviceOutput(devices, many=True).data)
+
+
+class DeviceDetailApi(APIView):
+    class DeviceRenameInput(serializers.Serializer):
+        name = fields.CharField(max_length=100)
+
+    @extend_schema(responses=DeviceOutput)
+    def get(self, request: Request, device_id: int) -> Response:
+        device = get_or_404(selectors.device_list(), device_id, what="device")
+        return Response(DeviceOutput(device).data)
+
+    @extend_schema(request=DeviceRenameInput, responses=DeviceOutput)
+    def patch(self, request: Request, device_id: int) -> Response:
+        device = get_or_404(selectors.device_list(), device_id, what="device")
+        data = validated(self.DeviceRenameInput, request)
+        return Response(DeviceOutput(services.device_rename(device=device, **data)).data)
+
+
+class DeviceRetireApi(APIView):
+    @extend_schema(request=None, responses=DeviceOutput)
+    def post(self, request: Request, device_id: int) -> Response:
+        device = get_or_404(selectors.device_list(), device_id, what="device")
+        return Response(DeviceOutput(services.device_retire(device=device)).data)
+
+
+# --------------------------------------------------------------------------- model specs, profiles
+
+
+class ModelSpecListCreateApi(APIView):
+    class ModelSpecInput(serializers.Serializer):
+        model = fields.CharField(max_length=64)
+        dataset = fields.CharField(max_length=64)
+        batch_size = fields.IntegerField(min_value=1, max_value=65536)
+
+    @extend_schema(responses=ModelSpecOutput(many=True))
+    def get(self, request: Request) -> Response:
+        return Response(ModelSpecOutput(selectors.model_spec_list(), many=True).data)
+
+    @extend_schema(request=ModelSpecInput, responses={200: ModelSpecOutput,
+                                                       201: ModelSpecOutput})
+    def post(self, request: Request) -> Response:
+        spec, created = services.model_spec_get_or_create(
+            **validated(self.ModelSpecInput, request))
+        return Response(ModelSpecOutput(spec).data,
+                        status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+
+class ProfileListApi(APIView):
+    class ProfileFilter(serializers.Serializer):
+        device = serializers.IntegerField(required=False, source="device_id")
+        model_spec = serializers.IntegerField(required=False, source="model_spec_id")
+
+    @extend_schema(parameters=[ProfileFilter], responses=ProfileOutput(many=True))
+    def get(self, request: Request) -> Response:
+        filters = self.ProfileFilter(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        profiles = selectors.layer_profile_list(**filters.validated_data)
+        return Response(ProfileOutput(profiles, many=True).data)
+
+
+class ProfileDetailApi(APIView):
+    @extend_schema(responses=ProfileDetailOutput)
+    def get(self, request: Request, profile_id: int) -> Response:
+        profile = get_or_404(selectors.layer_profile_list(), profile_id, what="profile")
+        return Response(ProfileDetailOutput(profile).data)
+
+
+# --------------------------------------------------------------------------- agents
+
+
+class AgentApi(APIView):
+    """An endpoint agents call with their device key."""
+
+    authentication_classes = (DeviceKeyAuthentication,)
+    permission_classes = (IsDevice,)
+
+
+class EnrolApi(APIView):
+    authentication_classes = ()
+    permission_classes = (AllowAny,)
+
+    class EnrolInput(serializers.Serializer):
+        token = fields.CharField(max_length=200)
+        name = fields.CharField(max_length=100)
+        hardware = fields.ObjectField(required=False, default=dict)
+        memory_bytes = fields.IntegerField(min_value=1, max_value=MAX_BYTES)
+        bandwidth_bps = fields.FloatField(min_value=1.0)
+        latency_s = fields.FloatField(min_value=0.0, max_value=60.0, required=False, default=0.0)
+        uplink_bps = fields.FloatField(min_value=1.0, required=False, allow_null=True,
+                                       default=None)
+        downlink_bps = fields.FloatField(min_value=1.0, required=False, allow_null=True,
+                                         default=None)
+        speed = fields.FloatField(min_value=1e-9, required=False, default=1.0)
+
+    class EnrolOutput(serializers.Serializer):
+        id = serializers.IntegerField()
+        uid = serializers.CharField()
+        name = serializers.CharField()
+        key = serializers.CharField(help_text="the device key: shown once, never again")
+        authorization = serializers.CharField(help_text="the header value to send")
+
+    @extend_schema(request=EnrolInput, responses={201: EnrolOutput}, auth=[])
+    def post(self, request: Request) -> Response:
+        device, key = services.device_enrol(**validated(self.EnrolInput, request))
+        return Response(self.EnrolOutput({"id": device.pk, "uid": device.uid, "name": device.name,
+                                     "key": key, "authorization": f"Device {device.uid}:{key}"}
+                                    ).data, status=status.HTTP_201_CREATED)
+
+
+class AgentMeApi(AgentApi):
+    @extend_schema(responses=DeviceOutput)
+    def get(self, request: Request) -> Response:
+        return Response(DeviceOutput(request.auth).data)
+
+
+class AgentHeartbeatApi(AgentApi):
+    class HeartbeatInput(serializers.Serializer):
+        status = serializers.ChoiceField(choices=[Device.Status.ONLINE, Device.Status.BUSY],
+                                         required=False, default=Device.Status.ONLINE)
+
+    @extend_schema(request=HeartbeatInput, responses=DeviceOutput)
+    def post(self, request: Request) -> Response:
+        device = services.device_heartbeat(device=request.auth,
+                                           **validated(self.HeartbeatInput, request))
+        return Response(DeviceOutput(device).data)
+
+
+class AgentProfileUploadApi(AgentApi):
+    class ProfileUploadInput(serializers.Serializer):
+        model_spec = serializers.PrimaryKeyRelatedField(queryset=selectors.model_spec_list())
+        profile = fields.ObjectField(help_text="a model profile (docs/architecture.md) measured "
+                                               "on this device")
+
+    @extend_schema(request=ProfileUploadInput, responses={201: ProfileOutput})
+    def post(self, request: Request) -> Response:
+        data = validated(self.ProfileUploadInput, request)
+        profile = services.layer_profile_upload(device=request.auth,
+                                                model_spec=data["model_spec"],
+                                                document=data["profile"])
+        return Response(ProfileOutput(profile).data, status=status.HTTP_201_CREATED)
+

@@ -1,0 +1,126 @@
+"""Devices, how they enrol, what they train and how fast they train it."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+
+class EnrollmentToken(models.Model):
+    """A secret a user hands to a device so that it can enrol; shown once, stored as a digest.
+    It expires, can be revoked, and admits ``max_uses`` devices."""
+
+    label = models.CharField(max_length=100, blank=True)
+    prefix = models.CharField(max_length=12, help_text="first characters, to recognise it")
+    token_digest = models.CharField(max_length=64, unique=True, editable=False)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.SET_NULL, related_name="enrollment_tokens")
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    max_uses = models.PositiveIntegerField(default=1)
+    uses = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ("-created_at", "-id")
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.label or 'enrolment token'})"
+
+    def refusal(self, now: timezone.datetime) -> str | None:
+        """Why the token cannot enrol a device now, or None if it can."""
+        if self.revoked_at is not None:
+            return "has been revoked"
+        if self.expires_at <= now:
+            return "has expired"
+        if self.uses >= self.max_uses:
+            return f"has been used by {self.uses} device(s), its maximum"
+        return None
+
+
+class Device(models.Model):
+    """An enrolled edge device. ``uid`` is its id in plans and timeline events: a slug set at
+    enrolment and never changed (``name`` is the renamable display name)."""
+
+    class Status(models.TextChoices):
+        ONLINE = "online"
+        BUSY = "busy"
+        OFFLINE = "offline"
+        RETIRED = "retired"
+
+    uid = models.SlugField(max_length=64, unique=True, editable=False)
+    name = models.CharField(max_length=100)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.ONLINE)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    hardware = models.JSONField(default=dict, blank=True,
+                                help_text="the agent's description: CPU, GPU, OS, Python, torch")
+    # Planning derives speeds from the devices' profiles instead (runs.selectors).
+    speed = models.FloatField(default=1.0, help_text="relative speed the agent reports")
+    memory_bytes = models.BigIntegerField()
+    bandwidth_bps = models.FloatField()
+    uplink_bps = models.FloatField(null=True, blank=True)
+    downlink_bps = models.FloatField(null=True, blank=True)
+    latency_s = models.FloatField(default=0.0)
+    key_hash = models.CharField(max_length=128, editable=False)
+    enrollment_token = models.ForeignKey(EnrollmentToken, null=True, blank=True,
+                                         on_delete=models.SET_NULL, related_name="devices")
+    enrolled_at = models.DateTimeField(default=timezone.now)
+    retired_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ("name", "id")
+        constraints = (
+            models.CheckConstraint(condition=models.Q(memory_bytes__gt=0),
+                                   name="device_memory_positive"),
+            models.CheckConstraint(condition=models.Q(bandwidth_bps__gt=0),
+                                   name="device_bandwidth_positive"),
+            models.CheckConstraint(condition=models.Q(latency_s__gte=0),
+                                   name="device_latency_not_negative"),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.uid})"
+
+
+class ModelSpec(models.Model):
+    """What is trained: a model of the agents' zoo, a dataset and the micro-batch size its
+    profiles are measured for."""
+
+    model = models.CharField(max_length=64)
+    dataset = models.CharField(max_length=64)
+    batch_size = models.PositiveIntegerField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ("model", "dataset", "batch_size")
+        constraints = (
+            models.UniqueConstraint(fields=["model", "dataset", "batch_size"],
+                                    name="model_spec_unique"),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.model} on {self.dataset}, batch {self.batch_size}"
+
+
+class LayerProfile(models.Model):
+    """A model profile (orchestrator.formats) measured on one device: its forward and backward
+    time per layer, with the layer sizes."""
+
+    device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="profiles")
+    model_spec = models.ForeignKey(ModelSpec, on_delete=models.PROTECT, related_name="profiles")
+    document = models.JSONField()
+    num_layers = models.PositiveIntegerField()
+    forward_s = models.FloatField(help_text="sum over the layers")
+    backward_s = models.FloatField(help_text="sum over the layers")
+    measured_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ("device_id", "model_spec_id")
+        constraints = (
+            models.UniqueConstraint(fields=["device", "model_spec"],
+                                    name="layer_profile_unique"),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.model_spec} on {self.device.uid}"

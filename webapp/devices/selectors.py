@@ -1,0 +1,45 @@
+"""Reads on devices, enrolment tokens, model specs and layer profiles."""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+
+from webapp.common.secrets import secret_hash, secret_matches
+from webapp.devices.models import Device, EnrollmentToken, LayerProfile, ModelSpec
+
+# Compared against when the uid is unknown, so that a wrong uid costs the same as a wrong key.
+_DUMMY_HASH = secret_hash("no-such-device")
+
+
+def enrollment_token_list() -> QuerySet[EnrollmentToken]:
+    return EnrollmentToken.objects.select_related("created_by")
+
+
+def device_list(*, status: str | None = None) -> QuerySet[Device]:
+    devices = Device.objects.all()
+    if status is not None:
+        devices = devices.filter(status=status)
+    return devices
+
+
+def device_by_credentials(*, uid: str, key: str) -> Device | None:
+    """The device whose uid and key these are, if it is not retired."""
+    device = Device.objects.filter(uid=uid).first()
+    stored = device.key_hash if device is not None and device.key_hash else _DUMMY_HASH
+    if not secret_matches(key, stored) or device is None or not device.key_hash:
+        return None
+    return device
+
+
+def model_spec_list() -> QuerySet[ModelSpec]:
+    return ModelSpec.objects.all()
+
+
+def layer_profile_list(*, device_id: int | None = None, model_spec_id: int | None = None
+                       ) -> QuerySet[LayerProfile]:
+    profiles = LayerProfile.objects.select_related("device", "model_spec")
+    if device_id is not None:
+        profiles = profiles.filter(device_id=device_id)
+    if model_spec_id is not None:
+        profiles = profiles.filter(model_spec_id=model_spec_id)
+    return profiles

@@ -1,0 +1,148 @@
+"""Writes on devices: enrolment tokens, enrolment, renaming and retiring, heartbeats, model specs
+and uploaded layer profiles."""
+
+from __future__ import annotations
+
+import secrets
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.utils import timezone
+from django.utils.text import slugify
+
+from orchestrator.errors import FormatError
+from orchestrator.formats import ModelProfile, parse_profile
+from webapp.common.exceptions import InvalidInput
+from webapp.common.secrets import secret_digest, secret_hash, secret_new
+from webapp.devices.models import Device, EnrollmentToken, LayerProfile, ModelSpec
+
+TOKEN_PREFIX = "ept"
+KEY_PREFIX = "edk"
+
+
+def enrollment_token_create(*, created_by: AbstractBaseUser | None, label: str = "",
+                            max_uses: int = 1, expires_in_s: int | None = None
+                            ) -> tuple[EnrollmentToken, str]:
+    """A new enrolment token and its secret (returned once; only its digest is stored)."""
+    secret = secret_new(TOKEN_PREFIX)
+    ttl = settings.ENROLLMENT_TOKEN_TTL_S if expires_in_s is None else expires_in_s
+    now = timezone.now()
+    token = EnrollmentToken.objects.create(
+        label=label, prefix=secret[:10], token_digest=secret_digest(secret),
+        created_by=created_by, created_at=now, expires_at=now + timedelta(seconds=ttl),
+        max_uses=max_uses)
+    return token, secret
+
+
+def enrollment_token_revoke(*, token: EnrollmentToken) -> EnrollmentToken:
+    """Revoke a token (revoking twice keeps the first time)."""
+    if token.revoked_at is None:
+        token.revoked_at = timezone.now()
+        token.save(update_fields=["revoked_at"])
+    return token
+
+
+def _new_uid(name: str) -> str:
+    base = slugify(name)[:40].strip("-") or "device"
+    while True:
+        uid = f"{base}-{secrets.token_hex(3)}"
+        if not Device.objects.filter(uid=uid).exists():
+            return uid
+
+
+@transaction.atomic
+def device_enrol(*, token: str, name: str, memory_bytes: int, bandwidth_bps: float,
+                 latency_s: float = 0.0, uplink_bps: float | None = None,
+                 downlink_bps: float | None = None, speed: float = 1.0,
+                 hardware: dict[str, Any] | None = None) -> tuple[Device, str]:
+    """Enrol a device with an enrolment token; returns the device and its key (shown once,
+    stored as a salted hash)."""
+    found = (EnrollmentToken.objects.select_for_update()
+             .filter(token_digest=secret_digest(token)).first())
+    if found is None:
+        raise InvalidInput("token", "is not a valid enrolment token")
+    refusal = found.refusal(timezone.now())
+    if refusal:
+        raise InvalidInput("token", refusal)
+    found.uses += 1
+    found.save(update_fields=["uses"])
+    key = secret_new(KEY_PREFIX)
+    device = Device.objects.create(
+        uid=_new_uid(name), name=name, status=Device.Status.ONLINE,
+        last_heartbeat_at=timezone.now(), hardware=hardware or {}, speed=speed,
+        memory_bytes=memory_bytes, bandwidth_bps=bandwidth_bps, latency_s=latency_s,
+        uplink_bps=uplink_bps, downlink_bps=downlink_bps, key_hash=secret_hash(key),
+        enrollment_token=found)
+    return device, key
+
+
+def device_rename(*, device: Device, name: str) -> Device:
+    device.name = name
+    device.save(update_fields=["name"])
+    return device
+
+
+def device_retire(*, device: Device) -> Device:
+    """Take a device out of service: its key stops working and new runs cannot use it."""
+    if device.status != Device.Status.RETIRED:
+        device.status = Device.Status.RETIRED
+        device.retired_at = timezone.now()
+        device.key_hash = ""
+        device.save(update_fields=["status", "retired_at", "key_hash"])
+    return device
+
+
+def device_heartbeat(*, device: Device, status: str) -> Device:
+    """A sign of life from the agent, saying whether it is idle (online) or training (busy)."""
+    device.status = status
+    device.last_heartbeat_at = timezone.now()
+    device.save(update_fields=["status", "last_heartbeat_at"])
+    return device
+
+
+def devices_mark_offline(*, older_than_s: float) -> int:
+    """Mark offline the online or busy devices silent for ``older_than_s``; returns how many."""
+    cutoff = timezone.now() - timedelta(seconds=older_than_s)
+    return (Device.objects
+            .filter(status__in=[Device.Status.ONLINE, Device.Status.BUSY])
+            .exclude(last_heartbeat_at__gte=cutoff)
+            .update(status=Device.Status.OFFLINE))
+
+
+def model_spec_get_or_create(*, model: str, dataset: str, batch_size: int
+                             ) -> tuple[ModelSpec, bool]:
+    return ModelSpec.objects.get_or_create(model=model, dataset=dataset, batch_size=batch_size)
+
+
+def profile_parse(document: Any, *, field: str = "profile") -> ModelProfile:
+    """A model-profile document as the orchestrator reads it; a bad one is a 400 naming the
+    field inside it (``profile.layers[3].forward_s``)."""
+    try:
+        return parse_profile(document, file=field)
+    except FormatError as exc:
+        raise InvalidInput(f"{field}.{exc.field}" if exc.field else field, exc.reason) from None
+
+
+def layer_profile_upload(*, device: Device, model_spec: ModelSpec, document: Any
+                         ) -> LayerProfile:
+    """Store (or replace) the profile a device measured for a model spec."""
+    profile = profile_parse(document)
+    if profile.model != model_spec.model:
+        raise InvalidInput("profile.model", f"is {profile.model!r} but model spec "
+                                            f"{model_spec.pk} is {model_spec.model!r}")
+    if profile.batch_size != model_spec.batch_size:
+        raise InvalidInput("profile.batch_size", f"is {profile.batch_size} but model spec "
+                                                 f"{model_spec.pk} has {model_spec.batch_size}")
+    if profile.dataset is not None and profile.dataset != model_spec.dataset:
+        raise InvalidInput("profile.dataset", f"is {profile.dataset!r} but model spec "
+                                              f"{model_spec.pk} is {model_spec.dataset!r}")
+    stored, _ = LayerProfile.objects.update_or_create(
+        device=device, model_spec=model_spec,
+        defaults={"document": profile.to_json(), "num_layers": profile.num_layers,
+                  "forward_s": sum(la.forward_s for la in profile.layers),
+                  "backward_s": sum(la.backward_s for la in profile.layers),
+                  "measured_at": timezone.now()})
+    return stored

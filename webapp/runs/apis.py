@@ -1,0 +1,179 @@
+"""REST endpoints for runs: users create, plan, start, pause and stop runs and compare plans
+(session); agents read the runs they belong to and report their events (device key)."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers, status
+from rest_framework.exceptions import PermissionDenied
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from orchestrator.formats import SCHEDULES
+from webapp.common import fields
+from webapp.common.api import get_or_404, validated
+from webapp.common.exceptions import InvalidInput
+from webapp.devices.apis import AgentApi
+from webapp.devices.selectors import device_list, model_spec_list
+from webapp.runs import selectors, services
+from webapp.runs.models import MetricPoint, Run
+from webapp.runs.serializers import PlanDetailOutput, RunOutput
+
+MAX_EVENTS = 20000
+
+
+def _run(run_id: int) -> Run:
+    return get_or_404(selectors.run_list(), run_id, what="run")
+
+
+class RunListCreateApi(APIView):
+    class RunFilter(serializers.Serializer):
+        state = serializers.ChoiceField(choices=Run.State.choices, required=False)
+
+    class RunCreateInput(serializers.Serializer):
+        name = fields.CharField(max_length=100)
+        model_spec = serializers.PrimaryKeyRelatedField(queryset=model_spec_list())
+        devices = serializers.ListField(
+            child=serializers.PrimaryKeyRelatedField(queryset=device_list()),
+            allow_empty=False, max_length=64)
+        algorithms = serializers.ListField(child=fields.CharField(max_length=32),
+                                           allow_empty=False, max_length=16)
+        schedule = serializers.ChoiceField(choices=SCHEDULES, required=False, default="1f1b")
+        microbatches = fields.IntegerField(min_value=1, max_value=1024, required=False,
+                                           default=8)
+        batches = fields.IntegerField(min_value=1, max_value=10**9, required=False, default=100)
+        epochs = fields.IntegerField(min_value=1, max_value=10**6, required=False, default=1)
+
+    @extend_schema(parameters=[RunFilter], responses=RunOutput(many=True))
+    def get(self, request: Request) -> Response:
+        filters = self.RunFilter(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        return Response(RunOutput(selectors.run_list(**filters.validated_data), many=True).data)
+
+    @extend_schema(request=RunCreateInput, responses={201: RunOutput})
+    def post(self, request: Request) -> Response:
+        run = services.run_create(**validated(self.RunCreateInput, request),
+                                  created_by=request.user)
+        return Response(RunOutput(_run(run.pk)).data, status=status.HTTP_201_CREATED)
+
+
+class RunDetailApi(APIView):
+    @extend_schema(responses=RunOutput)
+    def get(self, request: Request, run_id: int) -> Response:
+        return Response(RunOutput(_run(run_id)).data)
+
+
+class RunPlanApi(APIView):
+    class RunPlanInput(serializers.Serializer):
+        algorithms = serializers.ListField(child=fields.CharField(max_length=32),
+                                           allow_empty=False, max_length=16, required=False)
+
+    @extend_schema(request=RunPlanInput, responses={202: RunOutput})
+    def post(self, request: Request, run_id: int) -> Response:
+        run = services.run_plan(run=_run(run_id), **validated(self.RunPlanInput, request))
+        return Response(RunOutput(_run(run.pk)).data, status=status.HTTP_202_ACCEPTED)
+
+
+class RunStartApi(APIView):
+    class RunStartInput(serializers.Serializer):
+        plan = fields.IntegerField(min_value=1, required=False,
+                                   help_text="the plan to start with (default: the best)")
+
+    @extend_schema(request=RunStartInput, responses=RunOutput)
+    def post(self, request: Request, run_id: int) -> Response:
+        run = _run(run_id)
+        data = validated(self.RunStartInput, request)
+        plan = None
+        if "plan" in data:
+            plan = selectors.plan_list(run=run).filter(pk=data["plan"]).first()
+            if plan is None:
+                raise InvalidInput("plan", f"plan {data['plan']} is not a plan of run {run.pk}")
+        return Response(RunOutput(services.run_start(run=run, plan=plan)).data)
+
+
+class RunPauseApi(APIView):
+    @extend_schema(request=None, responses=RunOutput)
+    def post(self, request: Request, run_id: int) -> Response:
+        return Response(RunOutput(services.run_pause(run=_run(run_id))).data)
+
+
+class RunStopApi(APIView):
+    @extend_schema(request=None, responses=RunOutput)
+    def post(self, request: Request, run_id: int) -> Response:
+        return Response(RunOutput(services.run_stop(run=_run(run_id))).data)
+
+
+class PlanListApi(APIView):
+    @extend_schema(responses=PlanDetailOutput(many=True))
+    def get(self, request: Request, run_id: int) -> Response:
+        plans = selectors.plan_list(run=_run(run_id))
+        return Response(PlanDetailOutput(plans, many=True).data)
+
+
+class PlanCompareApi(APIView):
+    @extend_schema(responses=inline_serializer("PlanComparison", {
+        "best": serializers.IntegerField(allow_null=True),
+        "reason": serializers.CharField(),
+        "rows": serializers.ListField(child=serializers.DictField()),
+    }))
+    def get(self, request: Request, run_id: int) -> Response:
+        return Response(selectors.plan_compare(run=_run(run_id)))
+
+
+# --------------------------------------------------------------------------- agents
+
+
+def _member_run(request: Request, run_id: int) -> Run:
+    run = _run(run_id)
+    if not run.run_devices.filter(device=request.auth).exists():
+        raise PermissionDenied(f"device {request.auth.uid} is not a device of run {run.pk}")
+    return run
+
+
+class AgentRunListApi(AgentApi):
+    @extend_schema(responses=RunOutput(many=True))
+    def get(self, request: Request) -> Response:
+        return Response(RunOutput(selectors.run_list(device=request.auth), many=True).data)
+
+
+class AgentRunDetailApi(AgentApi):
+    class AgentRunOutput(RunOutput):
+        plan = PlanDetailOutput(source="chosen_plan", allow_null=True)
+
+    @extend_schema(responses=AgentRunOutput)
+    def get(self, request: Request, run_id: int) -> Response:
+        return Response(self.AgentRunOutput(_member_run(request, run_id)).data)
+
+
+class AgentRunEventsApi(AgentApi):
+    class MetricInput(serializers.Serializer):
+        at = fields.FloatField(min_value=0.0)
+        kind = serializers.ChoiceField(choices=MetricPoint.Kind.choices)
+        value = fields.FloatField()
+        device = fields.CharField(max_length=64, required=False, allow_blank=True, default="")
+
+    class EventsInput(serializers.Serializer):
+        timeline = serializers.ListField(child=fields.ObjectField(), required=False,
+                                         default=list, max_length=MAX_EVENTS,
+                                         help_text="timeline events (shared schema)")
+        faults = serializers.ListField(child=fields.ObjectField(), required=False,
+                                       default=list, max_length=MAX_EVENTS,
+                                       help_text="fault and control events (shared schema)")
+        metrics = serializers.ListField(required=False, default=list, max_length=MAX_EVENTS)
+
+        def validate_metrics(self, value: list[object]) -> list[dict[str, object]]:
+            points = AgentRunEventsApi.MetricInput(data=value, many=True)
+            points.is_valid(raise_exception=True)
+            return [dict(p) for p in points.validated_data]
+
+    @extend_schema(request=EventsInput, responses={201: inline_serializer(
+        "EventsStored", {"timeline": serializers.IntegerField(),
+                         "faults": serializers.IntegerField(),
+                         "metrics": serializers.IntegerField()})})
+    def post(self, request: Request, run_id: int) -> Response:
+        run = _member_run(request, run_id)
+        data = validated(self.EventsInput, request)
+        stored = services.run_events_store(run=run, device=request.auth, **data)
+        return Response(stored, status=status.HTTP_201_CREATED)
+

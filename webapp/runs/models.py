@@ -1,0 +1,154 @@
+"""Runs, their plans, and what they produce: timeline events, fault events, metric points."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from orchestrator.events import EVENT_KINDS, FAULT_KINDS
+from orchestrator.formats import SCHEDULES
+from webapp.devices.models import Device, ModelSpec
+from webapp.runs.states import RunState
+
+
+class Run(models.Model):
+    """Training a model spec on an ordered set of devices: planned with one or several
+    algorithms, then started with one of the plans."""
+
+    State = RunState
+
+    name = models.CharField(max_length=100)
+    model_spec = models.ForeignKey(ModelSpec, on_delete=models.PROTECT, related_name="runs")
+    devices = models.ManyToManyField(Device, through="RunDevice", related_name="runs")
+    algorithms = models.JSONField(help_text="planner names (orchestrator.partition.PLANNERS)")
+    schedule = models.CharField(max_length=8, choices=[(s, s) for s in SCHEDULES],
+                                default="1f1b")
+    microbatches = models.PositiveIntegerField(default=8)
+    batches = models.PositiveIntegerField(default=100, help_text="batches per epoch")
+    epochs = models.PositiveIntegerField(default=1)
+    state = models.CharField(max_length=16, choices=RunState.choices, default=RunState.DRAFT)
+    error = models.TextField(blank=True)
+    chosen_plan = models.ForeignKey("Plan", null=True, blank=True, on_delete=models.SET_NULL,
+                                    related_name="+")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.SET_NULL, related_name="runs")
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ("-created_at", "-id")
+        indexes = (models.Index(fields=["state"]),)
+
+    def __str__(self) -> str:
+        return f"run {self.pk} {self.name} ({self.state})"
+
+
+class RunDevice(models.Model):
+    """A device of a run, in pipeline order (planners such as ftpipehd keep this order)."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="run_devices")
+    device = models.ForeignKey(Device, on_delete=models.PROTECT, related_name="run_devices")
+    position = models.PositiveSmallIntegerField()
+
+    class Meta:
+        ordering = ("run_id", "position")
+        constraints = (
+            models.UniqueConstraint(fields=["run", "device"], name="run_device_unique"),
+            models.UniqueConstraint(fields=["run", "position"], name="run_position_unique"),
+        )
+
+
+class Plan(models.Model):
+    """One algorithm's plan for a run: the plan document, the cost model's prediction, and what
+    the simulator measured of it (they differ: the simulator sees fill, drain and link queues)."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        RUNNING = "running"
+        DONE = "done"
+        FAILED = "failed"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="plans")
+    algorithm = models.CharField(max_length=32)
+    status = models.CharField(max_length=8, choices=Status.choices, default=Status.PENDING)
+    document = models.JSONField(null=True, blank=True, help_text="the plan (docs/architecture.md)")
+    stages = models.PositiveIntegerField(null=True, blank=True)
+    period_s = models.FloatField(null=True, blank=True)
+    throughput_sps = models.FloatField(null=True, blank=True)
+    bottleneck = models.CharField(max_length=100, blank=True)
+    memory_ok = models.BooleanField(null=True, blank=True)
+    planner_s = models.FloatField(null=True, blank=True)
+    simulated_throughput_sps = models.FloatField(null=True, blank=True)
+    simulation = models.JSONField(null=True, blank=True,
+                                  help_text="the simulated timeline's summary")
+    error = models.TextField(blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    worker = models.CharField(max_length=200, blank=True)
+    queued_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ("run_id", "id")
+        constraints = (
+            models.UniqueConstraint(fields=["run", "algorithm"], name="plan_algorithm_unique"),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.algorithm} plan of run {self.run_id} ({self.status})"
+
+
+class TimelineEvent(models.Model):
+    """A forward, backward, transfer or update of one micro-batch on one device (the shared
+    timeline schema; ``device`` is the device's uid). Stored in bulk."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="timeline_events")
+    device = models.CharField(max_length=64)
+    stage = models.PositiveIntegerField()
+    kind = models.CharField(max_length=16, choices=[(k, k) for k in EVENT_KINDS])
+    microbatch = models.PositiveIntegerField()
+    version = models.PositiveIntegerField()
+    start = models.FloatField(help_text="seconds since the run started")
+    end = models.FloatField()
+    bytes = models.BigIntegerField(default=0)
+
+    class Meta:
+        ordering = ("run_id", "start", "id")
+        indexes = (models.Index(fields=["run", "start"]),)
+
+
+class FaultEvent(models.Model):
+    """A fault or control event of a run (device lost, re-partitioned, run paused, ...)."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="fault_events")
+    at = models.FloatField(help_text="seconds since the run started")
+    kind = models.CharField(max_length=32, choices=[(k, k) for k in FAULT_KINDS])
+    device = models.CharField(max_length=64, blank=True)
+    detail = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ("run_id", "at", "id")
+        indexes = (models.Index(fields=["run", "at"]),)
+
+
+class MetricPoint(models.Model):
+    """A training metric at a time of a run, for the whole run or one device."""
+
+    class Kind(models.TextChoices):
+        THROUGHPUT_SPS = "throughput_sps"
+        LOSS = "loss"
+        ACCURACY = "accuracy"
+        IDLE_FRACTION = "idle_fraction"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metric_points")
+    at = models.FloatField(help_text="seconds since the run started")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    device = models.CharField(max_length=64, blank=True)
+    value = models.FloatField()
+
+    class Meta:
+        ordering = ("run_id", "at", "id")
+        indexes = (models.Index(fields=["run", "at"]), models.Index(fields=["run", "kind", "at"]))

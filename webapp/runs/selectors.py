@@ -1,0 +1,118 @@
+"""Reads on runs and plans, and the one place a run's planning inputs are built from the
+database."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Prefetch, QuerySet
+
+from orchestrator.errors import PlanningError
+from orchestrator.formats import Device as PlanDevice
+from orchestrator.formats import DeviceSet, LayerTimes, ModelProfile, parse_profile
+from webapp.devices.models import Device, LayerProfile
+from webapp.runs.models import Plan, Run, RunDevice
+
+
+def run_list(*, state: str | None = None, device: Device | None = None) -> QuerySet[Run]:
+    runs = Run.objects.prefetch_related(
+        Prefetch("run_devices", queryset=RunDevice.objects.select_related("device")),
+        Prefetch("plans", queryset=Plan.objects.only("id", "run_id")))
+    if state is not None:
+        runs = runs.filter(state=state)
+    if device is not None:
+        runs = runs.filter(run_devices__device=device)
+    return runs
+
+
+def run_devices(*, run: Run) -> list[Device]:
+    """The run's devices in pipeline order."""
+    return [rd.device for rd in RunDevice.objects.filter(run=run).select_related("device")]
+
+
+def plan_list(*, run: Run) -> QuerySet[Plan]:
+    return Plan.objects.filter(run=run)
+
+
+def plan_best(*, run: Run) -> Plan | None:
+    """The finished plan with the shortest predicted period that fits in memory."""
+    return (Plan.objects.filter(run=run, status=Plan.Status.DONE, memory_ok=True)
+            .order_by("period_s", "id").first())
+
+
+def plan_compare(*, run: Run) -> dict[str, Any]:
+    """The run's plans side by side, best first, and why the best is best."""
+    plans = list(plan_list(run=run))
+    best = plan_best(run=run)
+    ranked = sorted(plans, key=lambda p: (p.period_s is None, not p.memory_ok,
+                                          p.period_s or 0.0, p.id))
+    rows = []
+    for p in ranked:
+        rows.append({
+            "plan": p.pk, "algorithm": p.algorithm, "status": p.status, "stages": p.stages,
+            "period_s": p.period_s, "throughput_sps": p.throughput_sps,
+            "simulated_throughput_sps": p.simulated_throughput_sps,
+            "vs_best": (p.period_s / best.period_s
+                        if best is not None and p.period_s and best.period_s else None),
+            "bottleneck": p.bottleneck, "memory_ok": p.memory_ok, "planner_s": p.planner_s,
+            "error": p.error,
+        })
+    reason = ""
+    if best is not None:
+        runner_up = next((r for r in rows if r["plan"] != best.pk and r["memory_ok"]), None)
+        reason = (f"{best.algorithm} has the shortest predicted period that fits in memory "
+                  f"({best.period_s:.4g} s, {best.throughput_sps:.4g} samples/s); it is limited "
+                  f"by {best.bottleneck}")
+        if runner_up is not None and runner_up["vs_best"]:
+            reason += (f"; the next, {runner_up['algorithm']}, is "
+                       f"{runner_up['vs_best']:.2f}x slower")
+    return {"best": best.pk if best else None, "reason": reason, "rows": rows}
+
+
+def run_planning_inputs(*, run: Run) -> tuple[ModelProfile, DeviceSet]:
+    """The orchestrator's model profile and device set for planning ``run``.
+
+    The run's first device is the reference: its profile gives the per-layer reference times
+    and the layer sizes. Every device (the reference included) carries its own profile as
+    ``layer_times`` and the speed ``reference total time / its total time``; memory, bandwidth
+    and latency come from the device. Device ids are the devices' uids. A device without a
+    profile for the run's model spec, or one whose profile has another number of layers, is a
+    PlanningError naming it.
+    """
+    devices = run_devices(run=run)
+    if not devices:
+        raise PlanningError(f"run {run.pk} has no devices")
+    spec = run.model_spec
+    profiles = {lp.device_id: lp for lp in LayerProfile.objects.filter(
+        model_spec=spec, device__in=devices)}
+    missing = [d for d in devices if d.pk not in profiles]
+    if missing:
+        names = ", ".join(f"{d.name!r} ({d.uid})" for d in missing)
+        raise PlanningError(f"no profile of {spec.model} (batch {spec.batch_size}) for device"
+                            f"{'s' if len(missing) > 1 else ''} {names}: ask "
+                            f"{'them' if len(missing) > 1 else 'it'} to profile the model")
+    parsed = {d.pk: parse_profile(profiles[d.pk].document, file=f"profile of {d.uid}")
+              for d in devices}
+    reference = devices[0]
+    ref = parsed[reference.pk]
+    ref_total = sum(la.forward_s + la.backward_s for la in ref.layers)
+    plan_devices = []
+    for d in devices:
+        own = parsed[d.pk]
+        if own.num_layers != ref.num_layers:
+            raise PlanningError(f"device {d.name!r} ({d.uid}) profiled {own.num_layers} layers "
+                                f"of {spec.model} but the reference device {reference.uid} "
+                                f"profiled {ref.num_layers}")
+        total = sum(la.forward_s + la.backward_s for la in own.layers)
+        if total <= 0:
+            raise PlanningError(f"device {d.name!r} ({d.uid}) has a profile with no time")
+        plan_devices.append(PlanDevice(
+            id=d.uid, label=d.name, speed=ref_total / total, memory_bytes=d.memory_bytes,
+            bandwidth_bps=d.bandwidth_bps, latency_s=d.latency_s, uplink_bps=d.uplink_bps,
+            downlink_bps=d.downlink_bps,
+            layer_times=LayerTimes(forward_s=tuple(la.forward_s for la in own.layers),
+                                   backward_s=tuple(la.backward_s for la in own.layers))))
+    profile = ModelProfile(model=spec.model, batch_size=spec.batch_size,
+                           reference=reference.uid, layers=ref.layers, dataset=spec.dataset,
+                           file=f"run {run.pk}")
+    return profile, DeviceSet(devices=tuple(plan_devices), file=f"run {run.pk}")

@@ -1,0 +1,61 @@
+"""How runs and plans look on the wire: in API answers and in the events of a run's group."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+
+class RunDeviceOutput(serializers.Serializer):
+    id = serializers.IntegerField(source="device.id")
+    uid = serializers.CharField(source="device.uid")
+    name = serializers.CharField(source="device.name")
+    status = serializers.CharField(source="device.status")
+    position = serializers.IntegerField()
+
+
+class RunOutput(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    model_spec = serializers.IntegerField(source="model_spec_id")
+    devices = RunDeviceOutput(source="run_devices", many=True)
+    algorithms = serializers.ListField(child=serializers.CharField())
+    schedule = serializers.CharField()
+    microbatches = serializers.IntegerField()
+    batches = serializers.IntegerField()
+    epochs = serializers.IntegerField()
+    state = serializers.CharField()
+    error = serializers.CharField()
+    chosen_plan = serializers.IntegerField(source="chosen_plan_id")
+    plans = serializers.SerializerMethodField()
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+    started_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField()
+
+    def get_plans(self, run: object) -> list[int]:
+        return sorted(p.pk for p in run.plans.all())  # type: ignore[attr-defined]
+
+
+class PlanOutput(serializers.Serializer):
+    id = serializers.IntegerField()
+    run = serializers.IntegerField(source="run_id")
+    algorithm = serializers.CharField()
+    status = serializers.CharField()
+    stages = serializers.IntegerField()
+    period_s = serializers.FloatField()
+    throughput_sps = serializers.FloatField()
+    simulated_throughput_sps = serializers.FloatField()
+    bottleneck = serializers.CharField()
+    memory_ok = serializers.BooleanField(allow_null=True)
+    planner_s = serializers.FloatField()
+    error = serializers.CharField()
+    attempts = serializers.IntegerField()
+    worker = serializers.CharField()
+    queued_at = serializers.DateTimeField()
+    started_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField()
+
+
+class PlanDetailOutput(PlanOutput):
+    document = serializers.JSONField()
+    simulation = serializers.JSONField()

@@ -1,0 +1,21 @@
+"""Celery tasks of runs: thin, taking ids. Planning is acknowledged only once done
+(``acks_late``) and given back to the broker if the worker process dies
+(``reject_on_worker_lost``), so a worker killed mid-task loses no plan; database hiccups are
+retried with backoff."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import shared_task
+from django.db import InterfaceError, OperationalError
+
+from webapp.runs import services
+
+
+@shared_task(bind=True, acks_late=True, reject_on_worker_lost=True,
+             autoretry_for=(OperationalError, InterfaceError), retry_backoff=True,
+             retry_backoff_max=60, max_retries=8)
+def plan_compute(self: Any, plan_id: int) -> dict[str, Any]:
+    """Compute plan ``plan_id`` (see :func:`webapp.runs.services.plan_compute`)."""
+    return services.plan_compute(plan_id=plan_id, worker=self.request.hostname or "")

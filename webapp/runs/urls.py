@@ -1,0 +1,19 @@
+from django.urls import path
+
+from webapp.runs import apis
+
+urlpatterns = [
+    path("runs/", apis.RunListCreateApi.as_view(), name="run-list"),
+    path("runs/<int:run_id>/", apis.RunDetailApi.as_view(), name="run-detail"),
+    path("runs/<int:run_id>/plan/", apis.RunPlanApi.as_view(), name="run-plan"),
+    path("runs/<int:run_id>/start/", apis.RunStartApi.as_view(), name="run-start"),
+    path("runs/<int:run_id>/pause/", apis.RunPauseApi.as_view(), name="run-pause"),
+    path("runs/<int:run_id>/stop/", apis.RunStopApi.as_view(), name="run-stop"),
+    path("runs/<int:run_id>/plans/", apis.PlanListApi.as_view(), name="plan-list"),
+    path("runs/<int:run_id>/plans/compare/", apis.PlanCompareApi.as_view(),
+         name="plan-compare"),
+    path("agent/runs/", apis.AgentRunListApi.as_view(), name="agent-run-list"),
+    path("agent/runs/<int:run_id>/", apis.AgentRunDetailApi.as_view(), name="agent-run-detail"),
+    path("agent/runs/<int:run_id>/events/", apis.AgentRunEventsApi.as_view(),
+         name="agent-run-events"),
+]

@@ -1,0 +1,228 @@
+"""Settings shared by every situation; everything that varies comes from the environment.
+
+Two topologies, chosen by which variables are set:
+
+- embedded (``REDIS_URL`` and ``DATABASE_URL`` unset): SQLite, Channels' in-memory layer and a
+  Celery worker fed by kombu's filesystem transport, results in files; all state lives under
+  ``var/``, so a laptop needs no server.
+- shared (``DATABASE_URL`` and ``REDIS_URL`` set): PostgreSQL, Redis as Celery broker and result
+  store and as the channel layer, so several web and worker processes on several machines
+  cooperate.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent.parent
+
+env = environ.Env()
+environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
+
+VAR_DIR = Path(env.str("EDGEPIPE_VAR_DIR", default=str(BASE_DIR / "var"))).resolve()
+
+SECRET_KEY = env.str("SECRET_KEY", default="")
+DEBUG = env.bool("DEBUG", default=False)
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "channels",
+    "webapp.devices",
+    "webapp.runs",
+    "webapp.dashboard",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "webapp.urls"
+WSGI_APPLICATION = "webapp.wsgi.application"
+ASGI_APPLICATION = "webapp.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --------------------------------------------------------------------------- database
+
+DATABASES = {
+    "default": env.db_url("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'db.sqlite3'}"),
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    if DATABASES["default"]["NAME"] != ":memory:":
+        Path(DATABASES["default"]["NAME"]).parent.mkdir(parents=True, exist_ok=True)
+    # The web process and the worker write to one file: take the write lock when a transaction
+    # begins (no deadlock between two readers upgrading), wait for it rather than fail, and let
+    # readers proceed during a write.
+    DATABASES["default"]["OPTIONS"] = {
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 30,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+else:
+    DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = env.str("STATIC_ROOT", default=str(VAR_DIR / "static"))
+# The ASGI application serves static files itself (no CDN, no separate file server needed);
+# set SERVE_STATIC=false when a reverse proxy serves STATIC_ROOT (after collectstatic).
+SERVE_STATIC = env.bool("SERVE_STATIC", default=True)
+
+# agents post event batches of up to 20,000 events (about 4 MB)
+DATA_UPLOAD_MAX_MEMORY_SIZE = 8 * 2**20
+
+LOGIN_URL = "/api-auth/login/"
+LOGIN_REDIRECT_URL = "/api/docs/"
+
+# --------------------------------------------------------------------------- Redis or embedded
+
+REDIS_URL = env.str("REDIS_URL", default="")
+# Prefix of every Redis key EdgePipe writes (broker, results, channel layer), so that several
+# deployments, or test runs, can share one Redis.
+REDIS_KEY_PREFIX = env.str("REDIS_KEY_PREFIX", default="edgepipe")
+
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": f"{REDIS_KEY_PREFIX}:channels"},
+        },
+    }
+else:
+    # One process only: events sent from a Celery worker do not reach the web process's
+    # consumers, which answer a {"type": "snapshot"} request with the current state instead.
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# --------------------------------------------------------------------------- Celery
+
+CELERY_TASK_DEFAULT_QUEUE = env.str("CELERY_TASK_DEFAULT_QUEUE", default="edgepipe")
+# With acks_late a message taken by a worker that dies is handed out again once this long has
+# passed since its delivery (Redis); make it longer than the slowest planning task, or a slow
+# task is started a second time (harmless: planning a plan twice stores the same result).
+CELERY_VISIBILITY_TIMEOUT_S = env.int("CELERY_VISIBILITY_TIMEOUT_S", default=900)
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_RESULT_EXPIRES = 24 * 3600
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+
+if REDIS_URL:
+    CELERY_BROKER_URL = REDIS_URL
+    CELERY_RESULT_BACKEND = REDIS_URL
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "visibility_timeout": CELERY_VISIBILITY_TIMEOUT_S,
+        "unacked_restore_interval": max(1, min(60, CELERY_VISIBILITY_TIMEOUT_S // 5)),
+        "unacked_restore_throttle": 1,
+        "global_keyprefix": f"{REDIS_KEY_PREFIX}:celery:",
+    }
+    CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = {"global_keyprefix": f"{REDIS_KEY_PREFIX}:"}
+else:
+    CELERY_QUEUE_DIR = VAR_DIR / "celery" / "queue"
+    CELERY_BROKER_URL = "filesystem://localhost//"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(CELERY_QUEUE_DIR),
+        "data_folder_out": str(CELERY_QUEUE_DIR),
+        "control_folder": str(VAR_DIR / "celery" / "control"),
+        "store_processed": False,
+    }
+    CELERY_RESULT_BACKEND = f"file://{VAR_DIR / 'celery' / 'results'}"
+    for _name in ("queue", "control", "results"):
+        (VAR_DIR / "celery" / _name).mkdir(parents=True, exist_ok=True)
+
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celery" / "beat-schedule")
+DEVICE_OFFLINE_AFTER_S = env.int("DEVICE_OFFLINE_AFTER_S", default=60)
+CELERY_BEAT_SCHEDULE = {
+    "devices-mark-offline": {
+        "task": "webapp.devices.tasks.devices_mark_offline",
+        "schedule": max(5, DEVICE_OFFLINE_AFTER_S // 4),
+    },
+}
+
+# --------------------------------------------------------------------------- EdgePipe
+
+# Batches the simulator runs for each plan (planned timeline summary, simulated throughput).
+PLANNING_SIMULATED_BATCHES = env.int("PLANNING_SIMULATED_BATCHES", default=4)
+ENROLLMENT_TOKEN_TTL_S = env.int("ENROLLMENT_TOKEN_TTL_S", default=24 * 3600)
+
+# --------------------------------------------------------------------------- REST API
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["webapp.common.auth.SessionAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer",
+                                 "rest_framework.renderers.BrowsableAPIRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "webapp.common.errors.exception_handler",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "EdgePipe API",
+    "DESCRIPTION": ("Devices, enrolment, profiles, runs and plans. Browser users log in with a "
+                    "Django session; agents send `Authorization: Device <uid>:<key>`."),
+    "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}
