@@ -1,6 +1,16 @@
 """What a run's Channels group (``run-<id>``) carries: one function builds each event, one sends
 it after the transaction commits, and :func:`snapshot_apply` is how a page applies them to the
-snapshot it got on connecting (the dashboard's script does the same)."""
+snapshot it got on connecting (the dashboard's script does the same).
+
+Events: ``run`` (its state or set of plans changed), ``plan`` (a plan was queued, started,
+finished or failed), ``timeline`` (a batch of timeline events in the shared schema), ``metrics``
+(a batch of metric points), ``faults`` (fault and control events) and ``idle`` (every device's
+idle-time breakdown over the window, replacing the previous one).
+
+A page keeps a bounded window: the timeline events that end within :data:`WINDOW_S` seconds of
+the newest one, likewise the metric points, and every fault. The snapshot is that window read
+from the database; applying the deltas trims by the same rule, so an old snapshot brought
+forward equals a fresh one (tests/webapp/runs/test_events.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +21,13 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 
+from webapp.runs import selectors
 from webapp.runs.models import Plan, Run
 from webapp.runs.serializers import PlanOutput, RunOutput
 
 Event = dict[str, Any]
+
+WINDOW_S = selectors.LIVE_WINDOW_S
 
 
 def run_group(run_id: int) -> str:
@@ -31,10 +44,35 @@ def event_plan(plan: Plan) -> Event:
     return {"type": "plan", "plan": PlanOutput(plan).data}
 
 
+def event_timeline(events: list[dict[str, Any]]) -> Event:
+    """Timeline events (shared schema) an agent reported."""
+    return {"type": "timeline", "events": events}
+
+
+def event_metrics(points: list[dict[str, Any]]) -> Event:
+    return {"type": "metrics", "points": points}
+
+
+def event_faults(faults: list[dict[str, Any]]) -> Event:
+    return {"type": "faults", "events": faults}
+
+
+def event_idle(run: Run) -> Event:
+    """Every device's idle time over the current window (replaces the last)."""
+    window, devices = selectors.run_idle(run=run)
+    return {"type": "idle", "window": window, "devices": devices}
+
+
 def run_snapshot(run: Run) -> Event:
     """Everything a run page shows, at once."""
+    window, idle = selectors.run_idle(run=run)
     return {"type": "snapshot", "run": RunOutput(run).data,
-            "plans": PlanOutput(run.plans.all(), many=True).data}
+            "plans": PlanOutput(run.plans.all(), many=True).data,
+            "window_s": WINDOW_S,
+            "timeline": selectors.run_timeline_window(run=run),
+            "metrics": selectors.run_metrics_window(run=run),
+            "faults": selectors.run_faults(run=run),
+            "idle": {"window": window, "devices": idle}}
 
 
 def _group_send(run_id: int, event: Event) -> None:
@@ -47,9 +85,28 @@ def run_event_send(run_id: int, event: Event) -> None:
     transaction.on_commit(partial(_group_send, run_id, event))
 
 
+def _windowed(rows: list[dict[str, Any]], time_key: str, sort_key: Any) -> list[dict[str, Any]]:
+    if not rows:
+        return rows
+    newest = max(r[time_key] for r in rows)
+    return sorted((r for r in rows if r[time_key] >= newest - WINDOW_S), key=sort_key)
+
+
 def snapshot_apply(snapshot: Event, event: Event) -> Event:
     """The snapshot after ``event``: a run event replaces the run and drops the plans it no
-    longer lists, a plan event replaces (or adds) that plan."""
+    longer lists, a plan event replaces (or adds) that plan, timeline and metric events extend
+    the window (trimmed to it), faults are added, an idle event replaces the breakdown."""
+    if event["type"] == "timeline":
+        merged = [*snapshot["timeline"], *event["events"]]
+        return {**snapshot, "timeline": _windowed(merged, "end", selectors.timeline_order)}
+    if event["type"] == "metrics":
+        merged = [*snapshot["metrics"], *event["points"]]
+        return {**snapshot, "metrics": _windowed(merged, "at", selectors.metric_order)}
+    if event["type"] == "faults":
+        return {**snapshot, "faults": sorted([*snapshot["faults"], *event["events"]],
+                                             key=selectors.fault_order)}
+    if event["type"] == "idle":
+        return {**snapshot, "idle": {"window": event["window"], "devices": event["devices"]}}
     if event["type"] == "run":
         keep = set(event["run"]["plans"])
         plans = [p for p in snapshot["plans"] if p["id"] in keep]

@@ -139,6 +139,7 @@ class MetricPoint(models.Model):
 
     class Kind(models.TextChoices):
         THROUGHPUT_SPS = "throughput_sps"
+        NETWORK_BPS = "network_bps"
         LOSS = "loss"
         ACCURACY = "accuracy"
         IDLE_FRACTION = "idle_fraction"

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Prefetch, QuerySet
+from django.db.models import Max, Prefetch, QuerySet
 
 from orchestrator.errors import PlanningError
+from orchestrator.events import TimelineEvent as TimelineRecord
+from orchestrator.events import idle_breakdown
 from orchestrator.formats import Device as PlanDevice
 from orchestrator.formats import DeviceSet, LayerTimes, ModelProfile, parse_profile
 from webapp.devices.models import Device, LayerProfile
-from webapp.runs.models import Plan, Run, RunDevice
+from webapp.runs.models import FaultEvent, MetricPoint, Plan, Run, RunDevice, TimelineEvent
+
+# What a live run page keeps: the timeline and metrics of the last minute of the run.
+LIVE_WINDOW_S = 60.0
 
 
 def run_list(*, state: str | None = None, device: Device | None = None) -> QuerySet[Run]:
@@ -116,3 +121,73 @@ def run_planning_inputs(*, run: Run) -> tuple[ModelProfile, DeviceSet]:
                            reference=reference.uid, layers=ref.layers, dataset=spec.dataset,
                            file=f"run {run.pk}")
     return profile, DeviceSet(devices=tuple(plan_devices), file=f"run {run.pk}")
+
+
+# --------------------------------------------------------------------------- what runs produce
+
+
+def timeline_order(e: dict[str, Any]) -> tuple[Any, ...]:
+    return (e["start"], e["end"], e["device"], e["kind"], e["microbatch"], e["stage"])
+
+
+def metric_order(p: dict[str, Any]) -> tuple[Any, ...]:
+    return (p["at"], p["kind"], p["device"], p["value"])
+
+
+def fault_order(f: dict[str, Any]) -> tuple[Any, ...]:
+    return (f["at"], f["kind"], f.get("device") or "")
+
+
+def timeline_json(row: TimelineEvent) -> dict[str, Any]:
+    return {"run": row.run_id, "device": row.device, "stage": row.stage, "kind": row.kind,
+            "microbatch": row.microbatch, "version": row.version, "start": row.start,
+            "end": row.end, "bytes": row.bytes}
+
+
+def metric_json(row: MetricPoint) -> dict[str, Any]:
+    return {"at": row.at, "kind": row.kind, "device": row.device, "value": row.value}
+
+
+def fault_json(row: FaultEvent) -> dict[str, Any]:
+    return {"run": row.run_id, "at": row.at, "kind": row.kind, "device": row.device or None,
+            "detail": row.detail}
+
+
+def _timeline_window_rows(run: Run, window_s: float) -> list[TimelineEvent]:
+    newest = TimelineEvent.objects.filter(run=run).aggregate(m=Max("end"))["m"]
+    if newest is None:
+        return []
+    return list(TimelineEvent.objects.filter(run=run, end__gte=newest - window_s))
+
+
+def run_timeline_window(*, run: Run, window_s: float = LIVE_WINDOW_S) -> list[dict[str, Any]]:
+    """The timeline events that end within ``window_s`` of the newest one."""
+    return sorted((timeline_json(r) for r in _timeline_window_rows(run, window_s)),
+                  key=timeline_order)
+
+
+def run_metrics_window(*, run: Run, window_s: float = LIVE_WINDOW_S) -> list[dict[str, Any]]:
+    newest = MetricPoint.objects.filter(run=run).aggregate(m=Max("at"))["m"]
+    if newest is None:
+        return []
+    rows = MetricPoint.objects.filter(run=run, at__gte=newest - window_s)
+    return sorted((metric_json(r) for r in rows), key=metric_order)
+
+
+def run_faults(*, run: Run) -> list[dict[str, Any]]:
+    return sorted((fault_json(r) for r in FaultEvent.objects.filter(run=run)), key=fault_order)
+
+
+def run_idle(*, run: Run, window_s: float = LIVE_WINDOW_S
+             ) -> tuple[list[float], dict[str, dict[str, float]]]:
+    """Each device's busy and idle time (with its causes) over the window ending at the newest
+    event, by the orchestrator's one definition (orchestrator.events.idle_breakdown)."""
+    events = [TimelineRecord(**timeline_json(r)) for r in _timeline_window_rows(run, window_s)]
+    if not events:
+        return [0.0, 0.0], {}
+    hi = max(e.end for e in events)
+    lo = max(0.0, hi - window_s)
+    devices = sorted({e.device for e in events})
+    return [lo, hi], {d: idle_breakdown([e for e in events if e.device == d], window=(lo, hi),
+                                        schedule=run.schedule).to_json()
+                      for d in devices}

@@ -23,7 +23,7 @@ from orchestrator.partition import PLANNERS, run_planner
 from orchestrator.simulator import simulate
 from webapp.common.exceptions import Conflict, InvalidInput
 from webapp.devices.models import Device, ModelSpec
-from webapp.runs import events
+from webapp.runs import events, selectors
 from webapp.runs.models import FaultEvent, MetricPoint, Plan, Run, RunDevice, TimelineEvent
 from webapp.runs.selectors import plan_best, run_planning_inputs
 from webapp.runs.states import ACTIVE, RunState, check_transition
@@ -274,27 +274,24 @@ def plans_requeue_unfinished() -> list[int]:
 # --------------------------------------------------------------------------- what runs produce
 
 
-def timeline_events_store(*, run: Run, records: Iterable[TimelineRecord]) -> int:
-    """Store timeline events in bulk; returns how many."""
-    rows = TimelineEvent.objects.bulk_create(
+def timeline_events_store(*, run: Run, records: Iterable[TimelineRecord]) -> list[TimelineEvent]:
+    """Store timeline events in bulk; returns the rows."""
+    return TimelineEvent.objects.bulk_create(
         (TimelineEvent(run=run, device=e.device, stage=e.stage, kind=e.kind,
                        microbatch=e.microbatch, version=e.version, start=e.start, end=e.end,
                        bytes=e.bytes) for e in records), batch_size=BULK_BATCH)
-    return len(rows)
 
 
-def fault_events_store(*, run: Run, records: Iterable[FaultRecord]) -> int:
-    rows = FaultEvent.objects.bulk_create(
+def fault_events_store(*, run: Run, records: Iterable[FaultRecord]) -> list[FaultEvent]:
+    return FaultEvent.objects.bulk_create(
         (FaultEvent(run=run, at=f.at, kind=f.kind, device=f.device or "",
                     detail=dict(f.detail or {})) for f in records), batch_size=BULK_BATCH)
-    return len(rows)
 
 
-def metric_points_store(*, run: Run, points: Iterable[dict[str, Any]]) -> int:
-    rows = MetricPoint.objects.bulk_create(
+def metric_points_store(*, run: Run, points: Iterable[dict[str, Any]]) -> list[MetricPoint]:
+    return MetricPoint.objects.bulk_create(
         (MetricPoint(run=run, at=p["at"], kind=p["kind"], device=p.get("device") or "",
                      value=p["value"]) for p in points), batch_size=BULK_BATCH)
-    return len(rows)
 
 
 def _parsed(items: Sequence[Any], field: str, parse: Any, run: Run) -> list[Any]:
@@ -329,6 +326,20 @@ def run_events_store(*, run: Run, device: Device, timeline: Sequence[Any] = (),
             raise InvalidInput(f"timeline[{i}].device", f"is {record.device!r} but this device "
                                                         f"is {device.uid!r}")
     faults_parsed = _parsed(faults, "faults", parse_fault, run)
-    return {"timeline": timeline_events_store(run=run, records=records),
-            "faults": fault_events_store(run=run, records=faults_parsed),
-            "metrics": metric_points_store(run=run, points=metrics)}
+    stored_timeline = timeline_events_store(run=run, records=records)
+    stored_faults = fault_events_store(run=run, records=faults_parsed)
+    stored_metrics = metric_points_store(run=run, points=metrics)
+    # the run page's deltas, in the snapshot's own shapes
+    if stored_timeline:
+        events.run_event_send(run.pk, events.event_timeline(
+            [selectors.timeline_json(r) for r in stored_timeline]))
+    if stored_faults:
+        events.run_event_send(run.pk, events.event_faults(
+            [selectors.fault_json(r) for r in stored_faults]))
+    if stored_metrics:
+        events.run_event_send(run.pk, events.event_metrics(
+            [selectors.metric_json(r) for r in stored_metrics]))
+    if stored_timeline:
+        events.run_event_send(run.pk, events.event_idle(run))
+    return {"timeline": len(stored_timeline), "faults": len(stored_faults),
+            "metrics": len(stored_metrics)}

@@ -82,3 +82,48 @@ def test_nothing_is_sent_for_a_transaction_that_rolls_back():
 def test_snapshot_apply_rejects_an_unknown_event():
     with pytest.raises(ValueError, match="unknown event type 'gantt'"):
         events.snapshot_apply({"run": {}, "plans": []}, {"type": "gantt"})
+
+
+def agent_batch(run_id: int, device: str, t0: float, count: int) -> dict:
+    timeline = []
+    for m in range(count):
+        start = t0 + 1.5 * m
+        timeline.append({"run": run_id, "device": device, "stage": 0, "kind": "forward",
+                         "microbatch": m, "version": 0, "start": start, "end": start + 0.5})
+        timeline.append({"run": run_id, "device": device, "stage": 0, "kind": "backward",
+                         "microbatch": m, "version": 0, "start": start + 0.7, "end": start + 1.2})
+    return {"timeline": timeline,
+            "metrics": [{"at": t0 + 1.5 * count, "kind": "loss", "device": device,
+                         "value": 2.0 - t0 / 100}],
+            "faults": [{"run": run_id, "at": t0, "kind": "device_joined", "device": device,
+                        "detail": {"t0": t0}}] if t0 == 0 else []}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_live_page_brought_forward_by_deltas_equals_a_fresh_snapshot():
+    # Prepare: a running run and a page that connected before any event
+    devices = [DeviceFactory(), DeviceFactory()]
+    run = RunFactory(devices=devices, state=Run.State.RUNNING)
+    old = events.run_snapshot(Run.objects.get(pk=run.pk))
+    assert old["timeline"] == [] and old["idle"]["devices"] == {}
+    channel = subscribe(run.pk)
+    # Execute: batches from both devices over 150 s of run time (more than the 60 s window)
+    for t0 in range(0, 150, 30):
+        for device in devices:
+            services.run_events_store(run=run, device=device,
+                                      **agent_batch(run.pk, device.uid, float(t0), 20))
+    received = [m["event"] for m in drain(channel)]
+    # Assert
+    assert {e["type"] for e in received} == {"timeline", "metrics", "faults", "idle"}
+    applied = old
+    for event in received:
+        applied = events.snapshot_apply(applied, event)
+    fresh = events.run_snapshot(Run.objects.get(pk=run.pk))
+    assert applied == fresh
+    newest = max(e["end"] for e in fresh["timeline"])
+    assert min(e["end"] for e in fresh["timeline"]) >= newest - events.WINDOW_S
+    assert len(fresh["faults"]) == 2  # every fault is kept, not only the window's
+    idle = fresh["idle"]["devices"][devices[0].uid]
+    assert idle["busy_s"] + idle["idle_s"] == pytest.approx(
+        fresh["idle"]["window"][1] - fresh["idle"]["window"][0])
+    assert idle["upstream_s"] > 0  # gaps before forwards: waiting for activations
