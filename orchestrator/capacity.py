@@ -46,9 +46,12 @@ def capacity_ratios(cm: CostModel, plan: Plan, *, measured_s: Mapping[str, float
             raise ValueError(f"measured stage time of {device_id!r} must be a positive number "
                              f"of seconds, got {seconds!r}")
         stage = stage_of[device_id]
-        predicted = cm.device_s(cm.index(device_id), stage.first, stage.last)
-        if predicted > 0:
-            ratios[device_id] = predicted / seconds
+        d = cm.index(device_id)
+        # the device's fixed overhead does not scale with its speed: compare the layers' part
+        overhead = float(cm.overhead_s[d])
+        predicted = cm.device_s(d, stage.first, stage.last) - overhead
+        if predicted > 0 and seconds > overhead:
+            ratios[device_id] = predicted / (seconds - overhead)
     return ratios
 
 

@@ -3,7 +3,9 @@
 For stage k (layers a..e, devices G, S stages):
 
 - compute ``C = 1 / sum_d 1/t_d`` with ``t_d`` the stage's forward + backward time on device d
-  (its ``layer_times`` if measured, else reference time / speed);
+  (its ``layer_times`` if measured, else reference time / speed), plus the device's
+  ``overhead_s``, the fixed cost of a micro-batch on a stage beyond its layers (an EdgePipe
+  extension, 0 by default: see docs/architecture.md);
 - replica sync ``Y = 2 (n-1)/n * P / (slowest link inside G)`` for n = |G| > 1;
 - stage time ``T_k = max(C, Y)``;
 - boundary ``X_k = max over d in G_k, d' in G_k+1 of 2 (output_bytes[e] / bw + latency)``;
@@ -61,6 +63,7 @@ class CostModel:
     bandwidth_bps: FloatArray  # [N, N], diagonal inf
     latency_s: FloatArray  # [N, N], diagonal 0
     memory_bytes: FloatArray  # [N]
+    overhead_s: FloatArray  # [N] fixed time per micro-batch of a stage on each device
 
     @property
     def num_layers(self) -> int:
@@ -81,9 +84,15 @@ class CostModel:
     # ---- single stage figures (layers a..e inclusive, devices by index)
 
     def device_s(self, d: int, a: int, e: int) -> float:
-        """t_d: forward + backward time of layers a..e on device d."""
+        """t_d: forward + backward time of layers a..e on device d, with its overhead."""
         return float(self.fwd_prefix[d, e + 1] - self.fwd_prefix[d, a]
-                     + self.bwd_prefix[d, e + 1] - self.bwd_prefix[d, a])
+                     + self.bwd_prefix[d, e + 1] - self.bwd_prefix[d, a] + self.overhead_s[d])
+
+    def pass_s(self, d: int, a: int, e: int) -> tuple[float, float]:
+        """Forward and backward time of layers a..e on device d, the overhead split evenly."""
+        half = float(self.overhead_s[d]) / 2
+        return (float(self.fwd_prefix[d, e + 1] - self.fwd_prefix[d, a]) + half,
+                float(self.bwd_prefix[d, e + 1] - self.bwd_prefix[d, a]) + half)
 
     def compute_s(self, a: int, e: int, group: Sequence[int]) -> float:
         """C: the replicas of a stage share its micro-batches in proportion to their speed."""
@@ -139,10 +148,10 @@ class CostModel:
             total_f = sum(r.speed for r in res)
             total_b = sum(r.backward_speed for r in res)
             if dev.layer_times is not None:
-                dev_f = float(self.fwd_prefix[d, e + 1] - self.fwd_prefix[d, a])
-                dev_b = float(self.bwd_prefix[d, e + 1] - self.bwd_prefix[d, a])
+                dev_f, dev_b = self.pass_s(d, a, e)
             else:
-                dev_f, dev_b = ref_f / total_f, ref_b / total_b
+                half = dev.overhead_s / 2
+                dev_f, dev_b = ref_f / total_f + half, ref_b / total_b + half
             for r in res:
                 names.append((dev.id, r.kind))
                 rf.append(math.inf if dev_f <= 0 else (r.speed / total_f) / dev_f)
@@ -193,6 +202,7 @@ def build_cost_model(profile: ModelProfile, devices: DeviceSet) -> CostModel:
         bandwidth_bps=bandwidth,
         latency_s=latency,
         memory_bytes=np.array([d.memory_bytes for d in devices.devices], dtype=np.float64),
+        overhead_s=np.array([d.overhead_s for d in devices.devices], dtype=np.float64),
     )
 
 

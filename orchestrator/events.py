@@ -182,3 +182,20 @@ def idle_breakdown(events: Sequence[TimelineEvent], *, window: tuple[float, floa
     return IdleBreakdown(busy_s=sum(e - s for s, e in busy), upstream_s=totals["upstream"],
                          downstream_s=totals["downstream"], sync_s=totals["sync"],
                          bubble_s=totals["bubble"])
+
+
+def steady_throughput_sps(events: Sequence[TimelineEvent], *, samples_per_microbatch: int,
+                          skip: float = 0.2) -> float:
+    """Samples per second through the pipeline once it is full: the last stage's backward
+    completions, leaving out the first and last ``skip`` of them (fill and drain). 0 when
+    there are too few to tell."""
+    if not 0 <= skip < 0.5:
+        raise ValueError(f"skip must be in [0, 0.5), got {skip}")
+    last = max((e.stage for e in events if e.kind == "backward"), default=None)
+    if last is None:
+        return 0.0
+    ends = sorted(e.end for e in events if e.kind == "backward" and e.stage == last)
+    first, final = int(len(ends) * skip), len(ends) - 1 - int(len(ends) * skip)
+    if final - first < 2 or ends[final] <= ends[first]:
+        return 0.0
+    return (final - first) * samples_per_microbatch / (ends[final] - ends[first])

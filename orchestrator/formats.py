@@ -159,6 +159,7 @@ class Device:
     resources: tuple[Resource, ...] = ()
     layer_times: LayerTimes | None = None
     label: str | None = None
+    overhead_s: float = 0.0  # fixed time a micro-batch costs a stage on it, beyond its layers
 
     @property
     def up_bps(self) -> float:
@@ -187,6 +188,8 @@ class Device:
             out["resources"] = [r.to_json() for r in self.resources]
         if self.layer_times is not None:
             out["layer_times"] = self.layer_times.to_json()
+        if self.overhead_s:
+            out["overhead_s"] = self.overhead_s
         return out
 
 
@@ -245,7 +248,7 @@ class DeviceSet:
 
 _DEVICE_REQUIRED = ("id", "memory_bytes", "bandwidth_bps")
 _DEVICE_OPTIONAL = ("speed", "latency_s", "uplink_bps", "downlink_bps", "resources", "layer_times",
-                    "label")
+                    "label", "overhead_s")
 
 
 def _parse_resources(raw: Any, at: At) -> tuple[Resource, ...]:
@@ -313,6 +316,7 @@ def _parse_device(raw: Any, at: At) -> Device:
         layer_times=(_parse_layer_times(obj["layer_times"], at.key("layer_times"))
                      if "layer_times" in obj else None),
         label=None if label is None else expect_string(label, at.key("label")),
+        overhead_s=expect_number(obj.get("overhead_s", 0.0), at.key("overhead_s")),
     )
 
 

@@ -306,8 +306,7 @@ def pass_times(cm: CostModel, plan: Plan) -> tuple[dict[str, float], dict[str, f
         for dev in stage.devices:
             d = cm.index(dev)
             if plan.beta is None:
-                fwd[dev] = float(cm.fwd_prefix[d, e + 1] - cm.fwd_prefix[d, a])
-                bwd[dev] = float(cm.bwd_prefix[d, e + 1] - cm.bwd_prefix[d, a])
+                fwd[dev], bwd[dev] = cm.pass_s(d, a, e)
             else:
                 names, rf, rb = cm.resource_rates(a, e, [d])
                 share = [plan.beta[dev][kind] for _, kind in names]

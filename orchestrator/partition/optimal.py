@@ -55,6 +55,7 @@ class _SubsetSearch:
         n, num_layers = len(self.devs), cm.num_layers
         self.n, self.num_layers = n, num_layers
         self.work = cm.work_prefix[self.devs]  # [n, L+1]
+        self.overhead = cm.overhead_s[self.devs]  # [n]
         # memory: smallest start of a stage ending at cut p on device i with r stages from it on
         mem_start = np.zeros((n, n + 1, num_layers + 1), dtype=np.int64)
         pa = cm.param_prefix + cm.act_prefix
@@ -79,16 +80,17 @@ class _SubsetSearch:
     def candidates(self) -> npt.NDArray[np.float64]:
         """Every value the optimal period can take: stage compute times and transfers."""
         values = [self.comm[np.isfinite(self.comm)]]
-        for row in self.work:
+        for row, overhead in zip(self.work, self.overhead, strict=True):
             diffs = row[None, :] - row[:, None]
-            values.append(diffs[np.triu_indices(self.num_layers + 1, k=1)])
+            values.append(diffs[np.triu_indices(self.num_layers + 1, k=1)] + overhead)
         return np.unique(np.concatenate(values))
 
     def _start(self, limit: float) -> IntArray:
         """g[i, r, p]: smallest start a of a stage a..p-1 on device i that fits ``limit``."""
         slack = limit * _REL_TOL + 1e-15
-        comp = np.stack([np.searchsorted(row, row - (limit + slack), side="left")
-                         for row in self.work])  # [n, L+1]
+        # a device whose overhead alone exceeds the limit gets starts past every end
+        comp = np.stack([np.searchsorted(row, row - (limit + slack - overhead), side="left")
+                         for row, overhead in zip(self.work, self.overhead, strict=True)])
         start: IntArray = np.maximum(self.mem_start, comp[:, None, :])
         return start
 

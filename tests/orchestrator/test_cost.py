@@ -148,3 +148,15 @@ def test_inflight_is_capped_by_memory_and_keeps_falling() -> None:
     assert chosen[1] == 2
     assert all(chosen[k] > chosen[k + 1] for k in range(2))
     assert all(chosen[k] >= 3 - k for k in range(3))
+
+
+def test_a_devices_overhead_is_paid_once_per_stage() -> None:
+    profile = make_profile([(1.0, 1.0)] * 4)
+    cm = build_cost_model(profile, DeviceSet(devices=(
+        make_device("a", 2.0, overhead_s=0.5), make_device("b", 1.0))))
+    p = evaluate(cm, (Stage((0, 1), ("a",)), Stage((2, 3), ("b",))))
+    # a: 4 s of layers at speed 2 plus 0.5 s; b: 4 s
+    assert p.stage_s == pytest.approx((2.5, 4.0))
+    assert cm.pass_s(0, 0, 1) == pytest.approx((1.25, 1.25))
+    both = evaluate(cm, (Stage((0, 3), ("a", "b")),))
+    assert both.stage_s[0] == pytest.approx(1 / (1 / 4.5 + 1 / 8.0))

@@ -205,3 +205,14 @@ def test_plan_round_trip_and_beta_validation(tmp_path: Path) -> None:
         parse_plan(dict(doc, inflight=[1]), profile=profile, devices=devices)
     with pytest.raises(FormatError, match="schedule: must be one of 1f1b, gpipe"):
         parse_plan(dict(doc, schedule="zb"), profile=profile, devices=devices)
+
+
+def test_overhead_round_trips_and_must_not_be_negative() -> None:
+    doc = small_devices()
+    doc["devices"][0]["overhead_s"] = 0.002
+    devices = parse_devices(doc)
+    assert devices.device("a").overhead_s == 0.002
+    assert parse_devices(devices.to_json()) == devices
+    doc["devices"][0]["overhead_s"] = -1
+    with pytest.raises(FormatError, match=r"devices\[0\]\.overhead_s: must not be negative"):
+        parse_devices(doc)

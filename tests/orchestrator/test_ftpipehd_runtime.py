@@ -144,3 +144,14 @@ def test_evaluate_agrees_with_capacity_estimation_round_trip() -> None:
     period = evaluate(cm, plan.stages).period_s
     same = estimate_capacities(cm, plan, measured_s={"a": period})
     assert same.device("a").speed == pytest.approx(3.0)
+
+
+
+def test_capacity_leaves_the_fixed_overhead_out_of_the_speed() -> None:
+    cm = build_cost_model(PROFILE, DeviceSet(devices=(make_device("a", 1.0, overhead_s=1.0),)))
+    plan = plan_of(((0, 7), ("a",)))
+    # 24 s of layers + 1 s overhead predicted; measured 13 s: the layers ran in 12 s
+    updated = estimate_capacities(cm, plan, measured_s={"a": 13.0})
+    assert updated.device("a").speed == pytest.approx(2.0)
+    again = build_cost_model(PROFILE, updated)
+    assert again.device_s(0, 0, 7) == pytest.approx(13.0)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from orchestrator.cost import CostModel, build_cost_model, needed_inflight
 from orchestrator.errors import PlanningError
-from orchestrator.events import COMPUTE_KINDS
+from orchestrator.events import COMPUTE_KINDS, steady_throughput_sps
 from orchestrator.formats import DeviceSet, Plan, Stage
 from orchestrator.partition import run_planner
 from orchestrator.simulator import simulate
@@ -160,3 +160,15 @@ def test_replicated_last_stage_does_not_deadlock() -> None:
     sim = simulate(cm, plan, microbatches=7, schedule="1f1b")
     assert sorted(e.microbatch for e in sim.events if e.kind == "backward" and e.stage == 0) == \
         list(range(7))
+
+
+def test_steady_throughput_leaves_out_fill_and_drain() -> None:
+    cm, plan = uniform_pipeline(4, 0.5, 1.0)
+    sim = simulate(cm, plan, microbatches=200, schedule="1f1b")
+    # a balanced pipeline of 1.5 s stages completes one micro-batch of 32 samples every 1.5 s
+    assert steady_throughput_sps(sim.events, samples_per_microbatch=32) == pytest.approx(
+        32 / 1.5, rel=1e-6)
+    assert sim.throughput_sps < steady_throughput_sps(sim.events, samples_per_microbatch=32)
+    assert steady_throughput_sps(sim.events[:3], samples_per_microbatch=32) == 0.0
+    with pytest.raises(ValueError, match="skip must be in"):
+        steady_throughput_sps(sim.events, samples_per_microbatch=32, skip=0.5)
