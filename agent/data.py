@@ -14,7 +14,7 @@ training set, so every device that reads the data agrees on what micro-batch m h
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +36,8 @@ class Dataset:
     x_test: npt.NDArray[np.float32]
     y_test: npt.NDArray[np.int64]
     num_classes: int
+    _orders: dict[tuple[int, int], npt.NDArray[np.int64]] = field(
+        default_factory=dict, repr=False, compare=False)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -49,8 +51,18 @@ class Dataset:
                             "samples")
         per_epoch = n // batch_size
         epoch, slot = divmod(microbatch, per_epoch)
-        order = np.random.default_rng([seed, epoch]).permutation(n)
-        return order[slot * batch_size:(slot + 1) * batch_size].astype(np.int64)
+        return self._order(seed, epoch)[slot * batch_size:(slot + 1) * batch_size]
+
+    def _order(self, seed: int, epoch: int) -> npt.NDArray[np.int64]:
+        """The epoch's permutation of the training set (the last one asked for is kept)."""
+        key = (seed, epoch)
+        cached = self._orders.get(key)
+        if cached is None:
+            cached = np.random.default_rng([seed, epoch]).permutation(
+                len(self.y_train)).astype(np.int64)
+            self._orders.clear()
+            self._orders[key] = cached
+        return cached
 
     def microbatch(self, microbatch: int, batch_size: int, *, seed: int
                    ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,7 +93,7 @@ def synthetic_cifar(*, samples: int = 6000, seed: int = 0) -> Dataset:
     coarse = rng.normal(0.0, 1.0, size=(10, 3, 8, 8)).astype(np.float32)
     templates = coarse.repeat(4, axis=2).repeat(4, axis=3)  # smooth 32x32 patterns
     y = rng.integers(0, 10, size=samples).astype(np.int64)
-    x = templates[y] + rng.normal(0.0, 1.5, size=(samples, 3, 32, 32)).astype(np.float32)
+    x = templates[y] + rng.normal(0.0, 4.0, size=(samples, 3, 32, 32)).astype(np.float32)
     return _split("synthetic-cifar", x.astype(np.float32), y, 10)
 
 

@@ -11,10 +11,13 @@ dispatch table, exchanging activations, gradients and labels with its neighbours
   device per stage.
 
 Weight stashing (PipeDream, FTPipeHD): a forward runs on a snapshot of the weights of its version
-(``torch.func.functional_call`` over cloned tensors), and its backward differentiates that same
-graph, so updates in between never touch what a pending backward needs. Under 1F1B the
-gradient of micro-batch m (computed with the version m saw) is applied to the latest weights at
-its ``U``; under GPipe gradients accumulate until the flush's single update. With vertical sync
+(cloned tensors put in the parameters' places for the call), and its backward differentiates
+that same graph, so updates in between never touch what a pending backward needs. A stage
+stashes only for the micro-batches whose action list has an update between their forward and
+backward: never under GPipe, never on a 1F1B stage with one micro-batch in flight (the last).
+Under 1F1B the gradient of micro-batch m (computed with the version m saw) is applied to the
+latest weights at its ``U``; under GPipe gradients accumulate until the flush's single
+update. With vertical sync
 every stage forwards micro-batch m with the version stage 0 used for it (carried in the message
 header), as PipeDream's vertical sync prescribes.
 
@@ -33,7 +36,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.func import functional_call
 
 from agent.data import Dataset
 from agent.transport import DataPlane, Message, encode
@@ -62,8 +64,8 @@ class StageSpec:
     microbatches: int
     flush_every: int | None = None
     inflight: tuple[int, ...] | None = None
-    lr: float = 0.05
-    momentum: float = 0.9
+    lr: float = 0.1
+    momentum: float = 0.0
     seed: int = 0
     vertical_sync: bool = False
     receive_timeout_s: float = 60.0
@@ -111,7 +113,7 @@ class StageSpec:
                 flush_every=None if raw.get("flush_every") is None else int(raw["flush_every"]),
                 inflight=None if raw.get("inflight") is None else tuple(
                     int(x) for x in raw["inflight"]),
-                lr=float(raw.get("lr", 0.05)), momentum=float(raw.get("momentum", 0.9)),
+                lr=float(raw.get("lr", 0.1)), momentum=float(raw.get("momentum", 0.0)),
                 seed=int(raw.get("seed", 0)), vertical_sync=bool(raw.get("vertical_sync", False)),
                 receive_timeout_s=float(raw.get("receive_timeout_s", 60.0)))
         except (KeyError, TypeError, ValueError, IndexError) as exc:
@@ -147,8 +149,12 @@ class Clock:
     started_at: float  # server epoch seconds
     offset_s: float = 0.0  # server clock - local clock
 
+    def absolute(self) -> float:
+        """The server's epoch time (what headers' ``sent_at`` and the data plane use)."""
+        return time.time() + self.offset_s
+
     def now(self) -> float:
-        return time.time() + self.offset_s - self.started_at
+        return self.absolute() - self.started_at
 
 
 @dataclass
@@ -157,7 +163,7 @@ class _InFlight:
     header_version: int
     inputs: torch.Tensor
     output: torch.Tensor  # the loss on the last stage
-    params: dict[str, torch.Tensor]
+    params: list[torch.Tensor]
 
 
 @dataclass
@@ -174,7 +180,8 @@ class StageExecutor:
                  clock: Clock, dataset: Dataset | None = None,
                  on_event: Callable[[TimelineEvent], None] | None = None,
                  on_metric: Callable[[Metric], None] | None = None,
-                 slowdown: float = 1.0, stop: threading.Event | None = None) -> None:
+                 slowdown: float = 1.0, stop: threading.Event | None = None,
+                 running: threading.Event | None = None) -> None:
         spec.check()
         if spec.first and dataset is None:
             raise StageError("the first stage needs the data set")
@@ -189,12 +196,20 @@ class StageExecutor:
         self.on_metric = on_metric or (lambda m: None)
         self.slowdown = slowdown
         self.stop = stop or threading.Event()
+        # cleared while the run is paused: the stage finishes its current action, then waits
+        self.running = running or threading.Event()
+        if running is None:
+            self.running.set()
         self.schedule = spec.build_schedule()
         self.actions: Sequence[Action] = self.schedule.actions[spec.device]
-        self.names = [name for name, _ in module.named_parameters()]
-        self.optimizer = torch.optim.SGD(module.parameters(), lr=spec.lr, momentum=spec.momentum)
+        # where each parameter lives, to put a stashed version in its place for one forward
+        self.slots = [(owner, name) for owner in module.modules()
+                      for name, p in owner.named_parameters(recurse=False)]
+        self.params = [getattr(owner, name) for owner, name in self.slots]
+        self.optimizer = torch.optim.SGD(self.params, lr=spec.lr, momentum=spec.momentum)
         self.version = 0
-        self.snapshots: dict[int, dict[str, torch.Tensor]] = {}
+        self.snapshots: dict[int, list[torch.Tensor]] = {}
+        self.stash_for = self._stash_needed()
         self.in_flight: dict[int, _InFlight] = {}
         self.grads: dict[int, list[torch.Tensor]] = {}
         self.accumulated: list[torch.Tensor] | None = None
@@ -208,6 +223,8 @@ class StageExecutor:
 
     def run(self) -> StageResult:
         for action in self.actions:
+            while not self.running.wait(0.1) and not self.stop.is_set():
+                pass
             if self.stop.is_set():
                 break
             handler = self.handlers.get(action.kind)
@@ -227,11 +244,14 @@ class StageExecutor:
             raise StageError(f"stage {self.spec.stage}: {exc}") from None
 
     def _record_receive(self, message: Message, stage: int) -> None:
-        start = message.header.sent_at if message.header.sent_at is not None else message.arrived_at
+        """A receive spans from the sender's start to the arrival (both on the server's epoch
+        clock, as the data plane keeps time)."""
+        arrived = message.arrived_at - self.clock.started_at
+        sent = arrived if message.header.sent_at is None else (
+            message.header.sent_at - self.clock.started_at)
         self.on_event(TimelineEvent(self.spec.run, self.spec.device, stage, "recv",
                                     message.header.microbatch, message.header.version,
-                                    min(start, message.arrived_at), message.arrived_at,
-                                    message.nbytes))
+                                    min(sent, arrived), arrived, message.nbytes))
 
     def _timed(self, kind: str, microbatch: int, version: int, work: Callable[[], Any]) -> Any:
         start = self.clock.now()
@@ -247,18 +267,48 @@ class StageExecutor:
               tensor: torch.Tensor) -> None:
         peer = self.schedule.device_for(stage, microbatch)
         frames = encode(run=self.spec.run, kind=kind, microbatch=microbatch, version=version,
-                        tensor=tensor, sent_at=self.clock.now())
+                        tensor=tensor, sent_at=self.clock.absolute())
         self.plane.send(peer, frames)
 
-    def _weights(self, version: int) -> dict[str, torch.Tensor]:
+    def _stash_needed(self) -> dict[int, bool]:
+        """For each micro-batch this device forwards: does an update come between its forward
+        and its backward (so that the backward needs the weights as they were)?"""
+        needed: dict[int, bool] = {}
+        open_forwards: set[int] = set()
+        for action in self.actions:
+            if action.kind == "F":
+                open_forwards.add(action.microbatch)
+                needed.setdefault(action.microbatch, False)
+            elif action.kind == "B":
+                open_forwards.discard(action.microbatch)
+            elif action.kind == "U":
+                for m in open_forwards:
+                    needed[m] = True
+        return needed
+
+    def _weights(self, version: int) -> list[torch.Tensor]:
         """The (stashed) weights of a version, as leaves autograd can differentiate."""
         if version not in self.snapshots:
             if version != self.version:
                 raise StageError(f"weight version {version} is no longer stashed "
                                  f"(current {self.version})")
-            self.snapshots[version] = {name: p.detach().clone().requires_grad_(True)
-                                       for name, p in self.module.named_parameters()}
+            self.snapshots[version] = [p.detach().clone().requires_grad_(True)
+                                       for p in self.params]
         return self.snapshots[version]
+
+    def _call(self, params: list[torch.Tensor], inputs: torch.Tensor) -> torch.Tensor:
+        """The stage's forward with ``params`` in its parameters' places."""
+        if params is self.params:
+            out: torch.Tensor = self.module(inputs)
+            return out
+        for (owner, name), tensor in zip(self.slots, params, strict=True):
+            owner._parameters[name] = tensor  # type: ignore[assignment]
+        try:
+            out = self.module(inputs)
+        finally:
+            for (owner, name), original in zip(self.slots, self.params, strict=True):
+                owner._parameters[name] = original
+        return out
 
     def _prune_snapshots(self) -> None:
         needed = {f.version for f in self.in_flight.values()}
@@ -291,10 +341,11 @@ class StageExecutor:
             label_message = self._receive("labels", m)
             self._record_receive(label_message, k)
             labels = label_message.tensor
-        params = self._weights(version)
+        stash = self.spec.vertical_sync or self.stash_for.get(m, False)
+        params = self._weights(version) if stash else self.params
 
         def work() -> torch.Tensor:
-            out: torch.Tensor = functional_call(self.module, params, (inputs,))
+            out = self._call(params, inputs)
             if self.spec.last:
                 assert labels is not None
                 loss = nn.functional.cross_entropy(out, labels)
@@ -322,7 +373,7 @@ class StageExecutor:
             message = self._receive("gradient", m)
             self._record_receive(message, k)
             upstream = message.tensor
-        wrt = list(flight.params.values())
+        wrt = flight.params
         needs_input_grad = not self.spec.first
 
         def work() -> tuple[torch.Tensor | None, ...]:
@@ -358,7 +409,7 @@ class StageExecutor:
             grads = self.grads.pop(m)
 
         def work() -> None:
-            for p, g in zip(self.module.parameters(), grads, strict=True):
+            for p, g in zip(self.params, grads, strict=True):
                 p.grad = g
             self.optimizer.step()
 

@@ -2,15 +2,21 @@
 
 Nothing received is unpickled. A header must be a JSON object with exactly the known fields
 (``run``, ``kind``, ``microbatch``, ``version``, ``dtype``, ``shape``; optionally ``name`` for a
-weight tensor and ``sent_at``, the sender's clock when it started sending), its dtype must be
-one of a fixed set, and the payload must be exactly shape x itemsize bytes and no larger than
-the configured limit; anything else is rejected with a reason and changes nothing.
+weight tensor and ``sent_at``, the server's epoch time when the sender started sending), its
+dtype must be one of a fixed set, and the payload must be exactly shape x itemsize bytes and
+no larger than the configured limit; anything else is rejected with a reason and changes
+nothing.
 
 :class:`DataPlane` owns one PULL socket (this agent's inbox) on a receiver thread and PUSH
 sockets to its peers on a sender thread (ZeroMQ sockets are not thread-safe), so computing never
 waits for a transfer. Emulation for heterogeneous testbeds on one machine: ``bandwidth_bps`` and
 ``latency_s`` shape what this agent sends (each message takes bytes / bandwidth + latency on a
 single outgoing line, as the cost model's transfers do).
+
+Links are measured over the data plane itself: :meth:`DataPlane.measure_link` sends ``probe``
+pings (named ``ping:<sender>``) that the peer's receiver answers at once with a one-byte
+``pong:<peer>``; the shortest round trip of small pings gives the latency, the round trip of a
+large one the bandwidth, so shaping and the real network both show.
 """
 
 from __future__ import annotations
@@ -194,13 +200,15 @@ class _Outgoing:
 class DataPlane:
     """This agent's inbox and its connections to peers."""
 
-    def __init__(self, *, bind: str, clock: Callable[[], float] = time.monotonic,
+    def __init__(self, *, bind: str, identity: str = "", clock: Callable[[], float] = time.time,
                  shaping: Shaping | None = None,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                  on_send: Callable[[SendRecord], None] | None = None,
                  on_reject: Callable[[str], None] | None = None) -> None:
+        self.identity = identity
         self.clock = clock
         self.shaping = shaping or Shaping()
+        self._probe_tokens = iter(range(1, 2**62))
         self.max_message_bytes = max_message_bytes
         self.on_send = on_send
         self.on_reject = on_reject
@@ -292,10 +300,49 @@ class DataPlane:
                 if self.on_reject is not None:
                     self.on_reject(str(exc))
                 continue
+            name = message.header.name or ""
+            if message.header.kind == "probe" and name.startswith("ping:"):
+                self._answer_ping(name[5:], message.header)
+                continue
             key = (message.header.kind, message.header.microbatch, message.header.name)
             with self._inbox_changed:
                 self._inbox[key] = message
                 self._inbox_changed.notify_all()
+
+    def _answer_ping(self, sender: str, header: Header) -> None:
+        if sender not in self._peers:
+            self.rejected += 1
+            log.warning("rejected a probe from unknown peer %r", sender)
+            return
+        self.send(sender, encode(run=header.run, kind="probe", microbatch=header.microbatch,
+                                 version=0, tensor=torch.zeros(1, dtype=torch.uint8),
+                                 name=f"pong:{self.identity}"))
+
+    def measure_link(self, peer: str, *, pings: int = 5, bulk_bytes: int = 2_000_000,
+                     timeout_s: float = 15.0) -> tuple[float, float]:
+        """(bandwidth in bytes/s, latency in s) of the link to ``peer``, measured now."""
+
+        def round_trip(size: int, wait_s: float = timeout_s) -> float:
+            token = next(self._probe_tokens)
+            started = time.perf_counter()
+            self.send(peer, encode(run=0, kind="probe", microbatch=token, version=0,
+                                   tensor=torch.zeros(size, dtype=torch.uint8),
+                                   name=f"ping:{self.identity}"))
+            self.receive("probe", token, name=f"pong:{peer}", timeout_s=wait_s)
+            return time.perf_counter() - started
+
+        # the peer answers only once it knows this agent: the first ping may come too early
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                first = round_trip(1, wait_s=min(1.0, timeout_s))
+                break
+            except TimeoutError:
+                if time.monotonic() > deadline:
+                    raise
+        shortest = min(first, *(round_trip(1) for _ in range(pings - 1)))
+        bulk = round_trip(bulk_bytes)
+        return bulk_bytes / max(bulk - shortest, 1e-6), shortest / 2
 
     def receive(self, kind: str, microbatch: int, *, name: str | None = None,
                 timeout_s: float | None = None,

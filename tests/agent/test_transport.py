@@ -115,3 +115,29 @@ def test_shaping_emulates_a_slow_link() -> None:
     finally:
         a.close()
         b.close()
+
+
+def test_links_are_measured_over_the_data_plane() -> None:
+    slow = DataPlane(bind="tcp://127.0.0.1:0", identity="slow",
+                     shaping=Shaping(bandwidth_bps=4_000_000, latency_s=0.02))
+    fast = DataPlane(bind="tcp://127.0.0.1:0", identity="fast")
+    try:
+        slow.connect("fast", fast.address)
+        fast.connect("slow", slow.address)
+        bandwidth, latency = slow.measure_link("fast", bulk_bytes=1_000_000)
+        # the shaped 4 MB/s line dominates the loopback; its 20 ms delay the ping only, so the
+        # symmetric estimate (half the round trip) is about 10 ms
+        assert 2_500_000 < bandwidth < 5_000_000
+        assert 0.008 < latency < 0.04
+        back_bandwidth, _back_latency = fast.measure_link("slow", bulk_bytes=1_000_000)
+        assert back_bandwidth > 4 * bandwidth  # only the pong is shaped on the way back
+        # a ping from a peer it does not know is refused, not answered
+        stranger = DataPlane(bind="tcp://127.0.0.1:0", identity="stranger")
+        stranger.connect("fast", fast.address)
+        with pytest.raises(TimeoutError):
+            stranger.measure_link("fast", pings=1, timeout_s=0.5)
+        stranger.close()
+        assert fast.rejected == 1
+    finally:
+        slow.close()
+        fast.close()

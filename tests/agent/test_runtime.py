@@ -1,0 +1,185 @@
+"""The agent's command handling and configuration (no server needed: the commands are the
+messages the server would send)."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.config import (
+    AgentConfig,
+    ConfigError,
+    Enrolment,
+    load_enrolment,
+    local_address_towards,
+    normalise_server,
+    save_enrolment,
+    websocket_url,
+)
+from agent.runtime import AgentRuntime
+from tests.conftest import ROOT
+
+ENROLMENT = Enrolment(server="http://127.0.0.1:1", uid="edge-abc123", key="dk_secret",
+                      name="edge")
+
+
+@pytest.fixture
+def runtime() -> Any:
+    agent = AgentRuntime(AgentConfig(enrolment=ENROLMENT), stop=threading.Event())
+    yield agent
+    agent.close()
+
+
+def spec(**overrides: Any) -> dict[str, Any]:
+    base = {"run": 7, "device": ENROLMENT.uid, "stage": 0, "layers": [0, 1], "model": "mlp",
+            "dataset": "digits", "batch_size": 8, "schedule": "1f1b",
+            "stage_devices": [[ENROLMENT.uid], ["edge-other"]],
+            "stage_times_s": [[1.0], [1.0]], "microbatches": 4}
+    base.update(overrides)
+    return base
+
+
+def command(name: str, **fields: Any) -> dict[str, Any]:
+    return {"type": "command", "id": "c1", "command": name, **fields}
+
+
+@pytest.mark.parametrize(("message", "error"), [
+    (command("start", run=7, started_at=0.0), "no stage of run 7 is deployed here"),
+    (command("pause", run=3), "no stage of run 3 is deployed here"),
+    (command("deploy", run=7, peers={},
+             spec=spec(device="edge-zzz", stage_devices=[["edge-zzz"], ["edge-other"]])),
+     "this agent is device edge-abc123; the stage is for edge-zzz"),
+    (command("deploy", run=7, spec=spec(), peers={}),
+     "no data-plane address for neighbour edge-other"),
+    (command("deploy", run=7, spec=spec(model="resnet999"), peers={"edge-other": "tcp://x:1"}),
+     "unknown model 'resnet999'"),
+    (command("deploy", run=7, spec={"run": 7}, peers={}), "malformed stage deployment"),
+    (command("teleport"), "unknown command 'teleport'"),
+])
+def test_commands_it_cannot_carry_out_are_refused_and_change_nothing(
+        runtime: AgentRuntime, message: dict[str, Any], error: str) -> None:
+    ack = runtime.handle_command(message)
+    assert ack["ok"] is False and ack["id"] == "c1" and error in ack["error"]
+    assert runtime.deployments == {}
+
+
+def test_a_deployed_stage_is_held_until_stopped(runtime: AgentRuntime) -> None:
+    ack = runtime.handle_command(command("deploy", run=7, spec=spec(),
+                                         peers={"edge-other": "tcp://127.0.0.1:9"}))
+    assert ack == {"type": "ack", "id": "c1", "command": "deploy", "run": 7, "ok": True}
+    assert 7 in runtime.deployments
+    again = runtime.handle_command(command("deploy", run=7, spec=spec(),
+                                           peers={"edge-other": "tcp://127.0.0.1:9"}))
+    assert again["ok"] is False and "already deployed" in again["error"]
+    assert runtime.handle_command(command("pause", run=7))["ok"]
+    assert not runtime.deployments[7].running.is_set()
+    assert runtime.handle_command(command("resume", run=7))["ok"]
+    assert runtime.handle_command(command("stop", run=7))["ok"]
+    assert 7 not in runtime.deployments
+    assert runtime.handle_command(command("stop", run=7))["ok"]  # stopping twice is harmless
+
+
+def test_profiling_on_command_reports_progress_then_the_profile(runtime: AgentRuntime) -> None:
+    ack = runtime.handle_command(command("profile", model="mlp", dataset="digits",
+                                         batch_size=8))
+    assert ack["ok"] is True
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with runtime.lock:
+            kinds = [m["type"] for m in runtime.outbox]
+        if "profile_result" in kinds:
+            break
+        time.sleep(0.1)
+    with runtime.lock:
+        messages = list(runtime.outbox)
+    progress = [(m["done"], m["total"]) for m in messages if m["type"] == "profile_progress"]
+    assert progress == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    result = next(m for m in messages if m["type"] == "profile_result")
+    assert result["model_spec"] == {"model": "mlp", "dataset": "digits", "batch_size": 8}
+    assert len(result["profile"]["layers"]) == 4
+
+
+def test_enrolment_file_is_private(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "agent.json"
+    save_enrolment(path, ENROLMENT)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert load_enrolment(path) == ENROLMENT
+    os.chmod(path, 0o644)
+    with pytest.raises(ConfigError, match="others can read it"):
+        load_enrolment(path)
+    with pytest.raises(ConfigError, match="no enrolment here"):
+        load_enrolment(tmp_path / "missing.json")
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({"server": "http://x"}))
+    os.chmod(broken, 0o600)
+    with pytest.raises(ConfigError, match="uid is missing"):
+        load_enrolment(broken)
+
+
+def test_server_urls() -> None:
+    assert normalise_server("http://10.0.0.2:8000/") == "http://10.0.0.2:8000"
+    assert websocket_url("https://lab.example/edge") == "wss://lab.example/edge/ws/agent/"
+    with pytest.raises(ConfigError, match="must be an http"):
+        normalise_server("10.0.0.2:8000")
+    with pytest.raises(ConfigError, match="--slowdown must be at least 1"):
+        AgentConfig(enrolment=ENROLMENT, slowdown=0.5)
+
+
+def test_data_address_defaults_to_the_interface_that_reaches_the_server() -> None:
+    # a server on this machine: neighbours are local too
+    assert local_address_towards("http://127.0.0.1:8000") == "127.0.0.1"
+    assert local_address_towards("http://localhost:8000/") == "127.0.0.1"
+    # a server elsewhere: the address of the interface on the route to it, never loopback
+    routed = local_address_towards("http://192.0.2.10:8000")  # TEST-NET-1: never answered
+    assert ipaddress.ip_address(routed) and not ipaddress.ip_address(routed).is_loopback
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as free:
+        free.bind((routed, 0))  # it is one of this machine's addresses
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "agent", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, **(env or {})})
+
+
+def test_cli_errors_name_the_problem(tmp_path: Path) -> None:
+    result = run_cli("run", "--config", str(tmp_path / "none.json"))
+    assert result.returncode == 2 and "no enrolment here" in result.stderr
+    result = run_cli("enrol", "--server", "http://127.0.0.1:1", "--token", "t",
+                     "--config", str(tmp_path / "a.json"))
+    assert result.returncode == 2 and "cannot reach http://127.0.0.1:1" in result.stderr
+    result = run_cli("profile", "--model", "mlp", "--dataset", "npz:/nope.npz")
+    assert result.returncode == 2 and "/nope.npz: no such file" in result.stderr
+    for command in ("enrol", "run", "profile"):
+        assert run_cli(command, "--help").returncode == 0
+
+
+def test_cli_profiles_a_model(tmp_path: Path) -> None:
+    out = tmp_path / "profile.json"
+    result = run_cli("profile", "--model", "vgg5", "--repeats", "2", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert len(json.loads(out.read_text())["layers"]) == 5
+
+
+def test_worker_threads_set_their_own_torch_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Regression: torch.set_num_threads in the main thread does not reach a new thread's
+    # OpenMP team, and profiles taken on an agent's worker thread came out 80x too slow.
+    calls: list[tuple[str, int]] = []
+    monkeypatch.setattr("agent.runtime.torch.set_num_threads",
+                        lambda n: calls.append((threading.current_thread().name, n)))
+    agent = AgentRuntime(AgentConfig(enrolment=ENROLMENT, threads=1), stop=threading.Event())
+    try:
+        agent.spawn(lambda: None, "profile-mlp").join(timeout=5)
+    finally:
+        agent.close()
+    assert ("profile-mlp", 1) in calls
