@@ -70,6 +70,8 @@ class DeviceFactory(DjangoModelFactory):
     bandwidth_bps = 12_500_000.0
     latency_s = 0.002
     last_heartbeat_at = factory.LazyFunction(timezone.now)
+    # a connected agent's data plane (runs deploy only to devices with one)
+    data_address = factory.Sequence(lambda n: f"tcp://127.0.0.1:{20000 + n}")
     key_hash = ""
 
     @factory.post_generation

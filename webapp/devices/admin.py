@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from webapp.devices.models import Device, EnrollmentToken, LayerProfile, ModelSpec
+from webapp.devices.models import Device, DeviceLink, EnrollmentToken, LayerProfile, ModelSpec
 
 
 @admin.register(EnrollmentToken)
@@ -33,3 +33,9 @@ class LayerProfileAdmin(admin.ModelAdmin):
                     "measured_at")
     list_filter = ("model_spec",)
     list_select_related = ("device", "model_spec")
+
+
+@admin.register(DeviceLink)
+class DeviceLinkAdmin(admin.ModelAdmin):
+    list_display = ("source", "target", "bandwidth_bps", "latency_s", "measured_at")
+    list_select_related = ("source", "target")

@@ -14,7 +14,7 @@ from webapp.common import fields
 from webapp.common.api import get_or_404, validated
 from webapp.devices import selectors, services
 from webapp.devices.auth import DeviceKeyAuthentication, IsDevice
-from webapp.devices.models import Device
+from webapp.devices.models import Device, ModelSpec
 
 MAX_TOKEN_TTL_S = 30 * 24 * 3600
 MAX_BYTES = 2**62
@@ -45,6 +45,7 @@ class DeviceOutput(serializers.Serializer):
     uplink_bps = serializers.FloatField()
     downlink_bps = serializers.FloatField()
     latency_s = serializers.FloatField()
+    overhead_s = serializers.FloatField()
     enrolled_at = serializers.DateTimeField()
     retired_at = serializers.DateTimeField()
 
@@ -139,6 +140,45 @@ class DeviceRetireApi(APIView):
     def post(self, request: Request, device_id: int) -> Response:
         device = get_or_404(selectors.device_list(), device_id, what="device")
         return Response(DeviceOutput(services.device_retire(device=device)).data)
+
+
+class DeviceProfileRequestApi(APIView):
+    class ProfileRequestInput(serializers.Serializer):
+        model_spec = serializers.PrimaryKeyRelatedField(queryset=ModelSpec.objects.all())
+
+    @extend_schema(request=ProfileRequestInput, responses={202: None})
+    def post(self, request: Request, device_id: int) -> Response:
+        device = get_or_404(selectors.device_list(), device_id, what="device")
+        data = validated(self.ProfileRequestInput, request)
+        command = services.device_profile_request(device=device, model_spec=data["model_spec"])
+        return Response({"command": command["id"], "device": device.uid,
+                         "model_spec": data["model_spec"].pk}, status=status.HTTP_202_ACCEPTED)
+
+
+class LinkOutput(serializers.Serializer):
+    source = serializers.CharField(source="source.uid")
+    target = serializers.CharField(source="target.uid")
+    bandwidth_bps = serializers.FloatField()
+    latency_s = serializers.FloatField()
+    measured_at = serializers.DateTimeField()
+
+
+class DeviceLinksApi(APIView):
+    class MeasureInput(serializers.Serializer):
+        devices = serializers.PrimaryKeyRelatedField(queryset=Device.objects.all(), many=True,
+                                                     allow_empty=False)
+
+    @extend_schema(responses=LinkOutput(many=True))
+    def get(self, request: Request) -> Response:
+        """Every measured link (as its source measured it)."""
+        return Response(LinkOutput(selectors.device_link_list(), many=True).data)
+
+    @extend_schema(request=MeasureInput, responses={202: None})
+    def post(self, request: Request) -> Response:
+        """Ask the devices' agents to measure the links among them."""
+        data = validated(self.MeasureInput, request)
+        asked = services.device_links_measure(devices=data["devices"])
+        return Response({"devices": asked}, status=status.HTTP_202_ACCEPTED)
 
 
 # --------------------------------------------------------------------------- model specs, profiles

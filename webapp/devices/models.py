@@ -62,6 +62,16 @@ class Device(models.Model):
     uplink_bps = models.FloatField(null=True, blank=True)
     downlink_bps = models.FloatField(null=True, blank=True)
     latency_s = models.FloatField(default=0.0)
+    overhead_s = models.FloatField(
+        default=0.0, help_text="fixed time a micro-batch costs a stage on it beyond its layers, "
+                               "as its agent measured it")
+    data_address = models.CharField(
+        max_length=200, blank=True,
+        help_text="where the agent receives tensors from its neighbours (tcp://host:port), as it "
+                  "said when it last connected")
+    control_channel = models.CharField(
+        max_length=200, blank=True, editable=False,
+        help_text="the Channels name of the agent's current control connection")
     key_hash = models.CharField(max_length=128, editable=False)
     enrollment_token = models.ForeignKey(EnrollmentToken, null=True, blank=True,
                                          on_delete=models.SET_NULL, related_name="devices")
@@ -124,3 +134,25 @@ class LayerProfile(models.Model):
 
     def __str__(self) -> str:
         return f"{self.model_spec} on {self.device.uid}"
+
+
+class DeviceLink(models.Model):
+    """A link between two devices as ``source``'s agent measured it over the data plane:
+    bandwidth (bytes/s) and latency (s). Planning takes the slower direction of a pair."""
+
+    source = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="links_out")
+    target = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="links_in")
+    bandwidth_bps = models.FloatField()
+    latency_s = models.FloatField()
+    measured_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ("source_id", "target_id")
+        constraints = (
+            models.UniqueConstraint(fields=["source", "target"], name="device_link_unique"),
+            models.CheckConstraint(condition=models.Q(bandwidth_bps__gt=0),
+                                   name="device_link_bandwidth_positive"),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.source.uid} -> {self.target.uid}: {self.bandwidth_bps / 1e6:.1f} MB/s"

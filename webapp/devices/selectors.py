@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db.models import QuerySet
 
 from webapp.common.secrets import secret_hash, secret_matches
-from webapp.devices.models import Device, EnrollmentToken, LayerProfile, ModelSpec
+from webapp.devices.models import Device, DeviceLink, EnrollmentToken, LayerProfile, ModelSpec
 
 # Compared against when the uid is unknown, so that a wrong uid costs the same as a wrong key.
 _DUMMY_HASH = secret_hash("no-such-device")
@@ -43,3 +43,7 @@ def layer_profile_list(*, device_id: int | None = None, model_spec_id: int | Non
     if model_spec_id is not None:
         profiles = profiles.filter(model_spec_id=model_spec_id)
     return profiles
+
+
+def device_link_list() -> QuerySet[DeviceLink]:
+    return DeviceLink.objects.select_related("source", "target")

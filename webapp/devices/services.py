@@ -4,6 +4,7 @@ and uploaded layer profiles."""
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -15,9 +16,11 @@ from django.utils.text import slugify
 
 from orchestrator.errors import FormatError
 from orchestrator.formats import ModelProfile, parse_profile
-from webapp.common.exceptions import InvalidInput
+from webapp.common.exceptions import Conflict, InvalidInput
 from webapp.common.secrets import secret_digest, secret_hash, secret_new
-from webapp.devices.models import Device, EnrollmentToken, LayerProfile, ModelSpec
+from webapp.devices.commands import command_build, device_command_send
+from webapp.devices.events import device_event_send
+from webapp.devices.models import Device, DeviceLink, EnrollmentToken, LayerProfile, ModelSpec
 
 TOKEN_PREFIX = "ept"
 KEY_PREFIX = "edk"
@@ -76,12 +79,14 @@ def device_enrol(*, token: str, name: str, memory_bytes: int, bandwidth_bps: flo
         memory_bytes=memory_bytes, bandwidth_bps=bandwidth_bps, latency_s=latency_s,
         uplink_bps=uplink_bps, downlink_bps=downlink_bps, key_hash=secret_hash(key),
         enrollment_token=found)
+    device_event_send(device)
     return device, key
 
 
 def device_rename(*, device: Device, name: str) -> Device:
     device.name = name
     device.save(update_fields=["name"])
+    device_event_send(device)
     return device
 
 
@@ -92,6 +97,7 @@ def device_retire(*, device: Device) -> Device:
         device.retired_at = timezone.now()
         device.key_hash = ""
         device.save(update_fields=["status", "retired_at", "key_hash"])
+        device_event_send(device)
     return device
 
 
@@ -100,16 +106,23 @@ def device_heartbeat(*, device: Device, status: str) -> Device:
     device.status = status
     device.last_heartbeat_at = timezone.now()
     device.save(update_fields=["status", "last_heartbeat_at"])
+    device_event_send(device)
     return device
 
 
 def devices_mark_offline(*, older_than_s: float) -> int:
     """Mark offline the online or busy devices silent for ``older_than_s``; returns how many."""
     cutoff = timezone.now() - timedelta(seconds=older_than_s)
-    return (Device.objects
-            .filter(status__in=[Device.Status.ONLINE, Device.Status.BUSY])
-            .exclude(last_heartbeat_at__gte=cutoff)
-            .update(status=Device.Status.OFFLINE))
+    with transaction.atomic():
+        silent = list(Device.objects.select_for_update()
+                      .filter(status__in=[Device.Status.ONLINE, Device.Status.BUSY])
+                      .exclude(last_heartbeat_at__gte=cutoff))
+        for device in silent:
+            device.status = Device.Status.OFFLINE
+        Device.objects.bulk_update(silent, ["status"])
+        for device in silent:
+            device_event_send(device)
+    return len(silent)
 
 
 def model_spec_get_or_create(*, model: str, dataset: str, batch_size: int
@@ -145,4 +158,48 @@ def layer_profile_upload(*, device: Device, model_spec: ModelSpec, document: Any
                   "forward_s": sum(la.forward_s for la in profile.layers),
                   "backward_s": sum(la.backward_s for la in profile.layers),
                   "measured_at": timezone.now()})
+    return stored
+
+
+def device_profile_request(*, device: Device, model_spec: ModelSpec) -> dict[str, Any]:
+    """Ask the device's agent to profile a model layer by layer; the profile arrives as its
+    LayerProfile when the agent has measured it. Returns the command sent."""
+    if device.status == Device.Status.RETIRED:
+        raise Conflict(f"device {device.uid} is retired", state=device.status, action="profile")
+    if not device.control_channel:
+        raise Conflict(f"device {device.name!r} ({device.uid}) has no agent connected: start it "
+                       "with `python -m agent run`", state=device.status, action="profile")
+    command = command_build("profile", model=model_spec.model, dataset=model_spec.dataset,
+                            batch_size=model_spec.batch_size)
+    device_command_send(uid=device.uid, command=command)
+    return command
+
+
+def device_links_measure(*, devices: Sequence[Device]) -> list[str]:
+    """Ask every connected device among ``devices`` to measure its links to the others over the
+    data plane; returns the uids asked. The measurements arrive as DeviceLink rows."""
+    connected = [d for d in devices if d.control_channel and d.data_address
+                 and d.status != Device.Status.RETIRED]
+    if len(connected) < 2:
+        raise Conflict(f"{len(connected)} of these devices have an agent connected; measuring "
+                       "links needs two", state="offline", action="measure links")
+    peers = {d.uid: d.data_address for d in connected}
+    for device in connected:
+        device_command_send(uid=device.uid, command=command_build("measure", peers=peers))
+    return [d.uid for d in connected]
+
+
+def device_links_store(*, device: Device, links: Sequence[dict[str, Any]]) -> int:
+    """Store the links ``device`` measured (``{peer, bandwidth_bps, latency_s}`` each)."""
+    by_uid = {d.uid: d for d in Device.objects.filter(uid__in=[link["peer"] for link in links])}
+    stored = 0
+    for link in links:
+        target = by_uid.get(link["peer"])
+        if target is None or target.pk == device.pk:
+            raise InvalidInput("links", f"{link['peer']!r} is not another enrolled device")
+        DeviceLink.objects.update_or_create(
+            source=device, target=target,
+            defaults={"bandwidth_bps": link["bandwidth_bps"], "latency_s": link["latency_s"],
+                      "measured_at": timezone.now()})
+        stored += 1
     return stored

@@ -27,6 +27,9 @@ class Run(models.Model):
     microbatches = models.PositiveIntegerField(default=8)
     batches = models.PositiveIntegerField(default=100, help_text="batches per epoch")
     epochs = models.PositiveIntegerField(default=1)
+    lr = models.FloatField(default=0.1, help_text="SGD learning rate of every stage")
+    momentum = models.FloatField(default=0.0, help_text="SGD momentum (high momentum on the "
+                                                        "stale gradients of 1F1B hurts)")
     state = models.CharField(max_length=16, choices=RunState.choices, default=RunState.DRAFT)
     error = models.TextField(blank=True)
     chosen_plan = models.ForeignKey("Plan", null=True, blank=True, on_delete=models.SET_NULL,
@@ -50,8 +53,21 @@ class RunDevice(models.Model):
     """A device of a run, in pipeline order (planners such as ftpipehd keep this order)."""
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="run_devices")
+    class StageState(models.TextChoices):
+        IDLE = "idle"  # not deployed (the run has not started, or the plan leaves it out)
+        DEPLOYING = "deploying"  # the stage was sent, no answer yet
+        READY = "ready"  # the agent built its stage and waits for the start
+        RUNNING = "running"
+        DONE = "done"
+        FAILED = "failed"
+
     device = models.ForeignKey(Device, on_delete=models.PROTECT, related_name="run_devices")
     position = models.PositiveSmallIntegerField()
+    stage = models.PositiveSmallIntegerField(null=True, blank=True,
+                                             help_text="its stage in the chosen plan")
+    stage_state = models.CharField(max_length=16, choices=StageState.choices,
+                                   default=StageState.IDLE)
+    stage_error = models.TextField(blank=True)
 
     class Meta:
         ordering = ("run_id", "position")

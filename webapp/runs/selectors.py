@@ -7,12 +7,21 @@ from typing import Any
 
 from django.db.models import Max, Prefetch, QuerySet
 
+from orchestrator.cost import build_cost_model
 from orchestrator.errors import PlanningError
 from orchestrator.events import TimelineEvent as TimelineRecord
-from orchestrator.events import idle_breakdown
+from orchestrator.events import idle_breakdown, steady_throughput_sps
 from orchestrator.formats import Device as PlanDevice
-from orchestrator.formats import DeviceSet, LayerTimes, ModelProfile, parse_profile
-from webapp.devices.models import Device, LayerProfile
+from orchestrator.formats import (
+    DeviceSet,
+    LayerTimes,
+    Link,
+    ModelProfile,
+    parse_plan,
+    parse_profile,
+)
+from orchestrator.simulator import simulate
+from webapp.devices.models import Device, DeviceLink, LayerProfile
 from webapp.runs.models import FaultEvent, MetricPoint, Plan, Run, RunDevice, TimelineEvent
 
 # What a live run page keeps: the timeline and metrics of the last minute of the run.
@@ -114,13 +123,26 @@ def run_planning_inputs(*, run: Run) -> tuple[ModelProfile, DeviceSet]:
         plan_devices.append(PlanDevice(
             id=d.uid, label=d.name, speed=ref_total / total, memory_bytes=d.memory_bytes,
             bandwidth_bps=d.bandwidth_bps, latency_s=d.latency_s, uplink_bps=d.uplink_bps,
-            downlink_bps=d.downlink_bps,
+            downlink_bps=d.downlink_bps, overhead_s=d.overhead_s,
             layer_times=LayerTimes(forward_s=tuple(la.forward_s for la in own.layers),
                                    backward_s=tuple(la.backward_s for la in own.layers))))
     profile = ModelProfile(model=spec.model, batch_size=spec.batch_size,
                            reference=reference.uid, layers=ref.layers, dataset=spec.dataset,
                            file=f"run {run.pk}")
-    return profile, DeviceSet(devices=tuple(plan_devices), file=f"run {run.pk}")
+    return profile, DeviceSet(devices=tuple(plan_devices), links=run_links(devices=devices),
+                              file=f"run {run.pk}")
+
+
+def run_links(*, devices: list[Device]) -> tuple[Link, ...]:
+    """The measured links among ``devices``, each pair at its slower direction (links are
+    symmetric in the cost model; pairs never measured fall back to the devices' bandwidths)."""
+    slowest: dict[tuple[str, str], float] = {}
+    for link in DeviceLink.objects.filter(source__in=devices, target__in=devices).select_related(
+            "source", "target"):
+        pair = tuple(sorted((link.source.uid, link.target.uid)))
+        key = (pair[0], pair[1])
+        slowest[key] = min(slowest.get(key, link.bandwidth_bps), link.bandwidth_bps)
+    return tuple(Link(a=a, b=b, bandwidth_bps=bw) for (a, b), bw in sorted(slowest.items()))
 
 
 # --------------------------------------------------------------------------- what runs produce
@@ -153,17 +175,24 @@ def fault_json(row: FaultEvent) -> dict[str, Any]:
             "detail": row.detail}
 
 
-def _timeline_window_rows(run: Run, window_s: float) -> list[TimelineEvent]:
+_TIMELINE_FIELDS = ("device", "stage", "kind", "microbatch", "version", "start", "end", "bytes")
+
+
+def _timeline_window_json(run: Run, window_s: float) -> list[dict[str, Any]]:
+    """The window's events as timeline_json gives them, read as plain rows: a live run reads
+    its window back every few seconds, and building a model instance per row cost three
+    quarters of that time."""
     newest = TimelineEvent.objects.filter(run=run).aggregate(m=Max("end"))["m"]
     if newest is None:
         return []
-    return list(TimelineEvent.objects.filter(run=run, end__gte=newest - window_s))
+    rows = (TimelineEvent.objects.filter(run=run, end__gte=newest - window_s)
+            .values_list(*_TIMELINE_FIELDS))
+    return [{"run": run.pk, **dict(zip(_TIMELINE_FIELDS, row, strict=True))} for row in rows]
 
 
 def run_timeline_window(*, run: Run, window_s: float = LIVE_WINDOW_S) -> list[dict[str, Any]]:
     """The timeline events that end within ``window_s`` of the newest one."""
-    return sorted((timeline_json(r) for r in _timeline_window_rows(run, window_s)),
-                  key=timeline_order)
+    return sorted(_timeline_window_json(run, window_s), key=timeline_order)
 
 
 def run_metrics_window(*, run: Run, window_s: float = LIVE_WINDOW_S) -> list[dict[str, Any]]:
@@ -182,7 +211,7 @@ def run_idle(*, run: Run, window_s: float = LIVE_WINDOW_S
              ) -> tuple[list[float], dict[str, dict[str, float]]]:
     """Each device's busy and idle time (with its causes) over the window ending at the newest
     event, by the orchestrator's one definition (orchestrator.events.idle_breakdown)."""
-    events = [TimelineRecord(**timeline_json(r)) for r in _timeline_window_rows(run, window_s)]
+    events = [TimelineRecord(**row) for row in _timeline_window_json(run, window_s)]
     if not events:
         return [0.0, 0.0], {}
     hi = max(e.end for e in events)
@@ -191,3 +220,54 @@ def run_idle(*, run: Run, window_s: float = LIVE_WINDOW_S
     return [lo, hi], {d: idle_breakdown([e for e in events if e.device == d], window=(lo, hi),
                                         schedule=run.schedule).to_json()
                       for d in devices}
+
+
+def run_summary(*, run: Run) -> dict[str, Any]:
+    """A finished (or running) run in figures: what was trained, how fast against the
+    simulator's prediction for the same plan and length, where the devices waited, and how
+    the loss went. Throughputs count samples over the time from the run's start to its last
+    event, both measured and simulated, so they compare like for like."""
+    timeline = [TimelineRecord(**timeline_json(r))
+                for r in TimelineEvent.objects.filter(run=run)]
+    spec = run.model_spec
+    plan = run.chosen_plan
+    summary: dict[str, Any] = {"run": run.pk, "state": run.state, "error": run.error or None,
+                               "plan": None if plan is None else plan.algorithm,
+                               "events": len(timeline)}
+    last_stage = max((e.stage for e in timeline), default=0)
+    backwards = [e for e in timeline if e.kind == "backward" and e.stage == last_stage]
+    makespan = max((e.end for e in timeline), default=0.0)
+    summary["microbatches"] = len(backwards)
+    summary["batches"] = len(backwards) // max(run.microbatches, 1)
+    summary["makespan_s"] = makespan
+    summary["throughput_measured_sps"] = (len(backwards) * spec.batch_size / makespan
+                                          if makespan > 0 else 0.0)
+    summary["throughput_steady_sps"] = steady_throughput_sps(
+        timeline, samples_per_microbatch=spec.batch_size)
+    summary["throughput_predicted_sps"] = None
+    if plan is not None and backwards:
+        profile, devices = run_planning_inputs(run=run)
+        cm = build_cost_model(profile, devices)
+        document = parse_plan(plan.document, profile=profile, devices=devices,
+                              file=f"plan {plan.pk}")
+        simulated = simulate(cm, document, microbatches=len(backwards), schedule=run.schedule,
+                             flush_every=run.microbatches)
+        summary["throughput_predicted_sps"] = simulated.throughput_sps
+        summary["throughput_steady_predicted_sps"] = steady_throughput_sps(
+            simulated.events, samples_per_microbatch=spec.batch_size)
+        summary["throughput_period_sps"] = (document.predicted.throughput_sps
+                                            if document.predicted else None)
+    summary["idle_s"] = {
+        d: idle_breakdown([e for e in timeline if e.device == d], window=(0.0, makespan),
+                          schedule=run.schedule).to_json()
+        for d in sorted({e.device for e in timeline})}
+    losses = list(MetricPoint.objects.filter(run=run, kind=MetricPoint.Kind.LOSS)
+                  .order_by("at", "id").values_list("value", flat=True))
+    accuracy = list(MetricPoint.objects.filter(run=run, kind=MetricPoint.Kind.ACCURACY)
+                    .order_by("at", "id").values_list("value", flat=True))
+    window = max(1, min(20, len(losses) // 10))
+    summary["loss_first"] = sum(losses[:window]) / window if losses else None
+    summary["loss_last"] = sum(losses[-window:]) / window if losses else None
+    summary["accuracy"] = (sum(accuracy[-window:]) / len(accuracy[-window:])
+                           if accuracy else None)
+    return summary

@@ -4,7 +4,10 @@ Celery task per plan) and storing what a run produces in bulk."""
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
 
@@ -18,10 +21,11 @@ from orchestrator.errors import FormatError, PlanningError
 from orchestrator.events import FaultEvent as FaultRecord
 from orchestrator.events import TimelineEvent as TimelineRecord
 from orchestrator.events import parse_event, parse_fault
-from orchestrator.formats import SCHEDULES
+from orchestrator.formats import SCHEDULES, parse_plan
 from orchestrator.partition import PLANNERS, run_planner
 from orchestrator.simulator import simulate
 from webapp.common.exceptions import Conflict, InvalidInput
+from webapp.devices.commands import command_build, device_command_send
 from webapp.devices.models import Device, ModelSpec
 from webapp.runs import events, selectors
 from webapp.runs.models import FaultEvent, MetricPoint, Plan, Run, RunDevice, TimelineEvent
@@ -35,6 +39,7 @@ BULK_BATCH = 2000
 COLUMN_LIMITS = {"stage": 2**31 - 1, "microbatch": 2**31 - 1, "version": 2**31 - 1,
                  "bytes": 2**63 - 1}
 UNFINISHED = (Plan.Status.PENDING, Plan.Status.RUNNING)
+ACTIVE_DEVICE = (Device.Status.ONLINE, Device.Status.BUSY)
 
 
 # --------------------------------------------------------------------------- creation
@@ -124,12 +129,15 @@ def run_plan(*, run: Run, algorithms: Sequence[str] | None = None) -> Run:
 
 @transaction.atomic
 def run_start(*, run: Run, plan: Plan | None = None) -> Run:
-    """Start a planned run with ``plan`` (default: the best), or resume a paused run."""
+    """Start a planned run with ``plan`` (default: the best), or resume a paused run. Starting
+    deploys each stage of the plan to its device; the run runs once every agent is ready."""
     locked = _locked(run)
     if locked.state == RunState.PAUSED:
         if plan is not None and plan.pk != locked.chosen_plan_id:
             raise InvalidInput("plan", "a paused run resumes with its plan "
                                        f"({locked.chosen_plan_id}); stop it to use another")
+        _stage_command_all(locked, "resume")
+        _control_event(locked, "run_started", detail={"resumed": True})
         return _transition(locked, RunState.RUNNING, action="resume")
     check_transition(entity=f"run {locked.pk}", state=locked.state, target=RunState.STARTING,
                      action="start")
@@ -145,20 +153,215 @@ def run_start(*, run: Run, plan: Plan | None = None) -> Run:
     elif not plan.memory_ok:
         raise InvalidInput("plan", f"plan {plan.pk} ({plan.algorithm}) does not fit in the "
                                    "devices' memory")
-    return _transition(locked, RunState.STARTING, action="start", chosen_plan=plan,
-                       started_at=timezone.now())
+    started = _transition(locked, RunState.STARTING, action="start", chosen_plan=plan,
+                          started_at=timezone.now(), error="")
+    return _deploy(started, plan)
 
 
+@transaction.atomic
 def run_pause(*, run: Run) -> Run:
-    return run_transition(run=run, target=RunState.PAUSED, action="pause")
+    locked = _transition(_locked(run), RunState.PAUSED, action="pause")
+    events.run_event_send(locked.pk, events.event_idle(locked))
+    _stage_command_all(locked, "pause")
+    _control_event(locked, "run_paused")
+    return locked
 
 
+@transaction.atomic
 def run_stop(*, run: Run) -> Run:
-    return run_transition(run=run, target=RunState.CANCELLED, action="stop",
-                          finished_at=timezone.now())
+    locked = _transition(_locked(run), RunState.CANCELLED, action="stop",
+                         finished_at=timezone.now())
+    _stage_command_all(locked, "stop")
+    return locked
 
 
-# --------------------------------------------------------------------------- planning
+# --------------------------------------------------------------------------- running a plan
+
+
+START_DELAY_S = 0.5  # between the last agent's ready and the common start, for the message
+
+
+def _run_clock(run: Run) -> float:
+    """Seconds since the run started (its timeline's clock); 0 before it starts."""
+    if run.started_at is None or run.state == RunState.STARTING:
+        return 0.0
+    return max(0.0, (timezone.now() - run.started_at).total_seconds())
+
+
+def _control_event(run: Run, kind: str, *, device: str = "",
+                   detail: dict[str, Any] | None = None) -> None:
+    rows = fault_events_store(run=run, records=[FaultRecord(
+        run=run.pk, at=_run_clock(run), kind=kind, device=device or None, detail=detail or {})])
+    events.run_event_send(run.pk, events.event_faults([selectors.fault_json(r) for r in rows]))
+
+
+def _staged(run: Run) -> list[RunDevice]:
+    return list(RunDevice.objects.filter(run=run, stage__isnull=False)
+                .select_related("device").order_by("stage", "position"))
+
+
+def _stage_command_all(run: Run, name: str, **fields: Any) -> None:
+    for rd in _staged(run):
+        device_command_send(uid=rd.device.uid, command=command_build(name, run=run.pk, **fields))
+
+
+def stage_specs(*, run: Run, plan: Plan) -> dict[str, dict[str, Any]]:
+    """What each device of ``plan`` runs (agent.executor.StageSpec as JSON), by device uid."""
+    profile, devices = run_planning_inputs(run=run)
+    cm = build_cost_model(profile, devices)
+    document = parse_plan(plan.document, profile=profile, devices=devices,
+                          file=f"plan {plan.pk}")
+    spec = run.model_spec
+    shared = {
+        "run": run.pk, "model": spec.model, "dataset": spec.dataset,
+        "batch_size": spec.batch_size, "schedule": run.schedule,
+        "stage_devices": [list(s.devices) for s in document.stages],
+        "stage_times_s": [[cm.device_s(cm.index(d), s.first, s.last) for d in s.devices]
+                          for s in document.stages],
+        "microbatches": run.microbatches * run.batches * run.epochs,
+        "flush_every": run.microbatches,
+        "inflight": None if document.inflight is None else list(document.inflight),
+        "lr": run.lr, "momentum": run.momentum, "seed": run.pk,
+    }
+    return {uid: {**shared, "device": uid, "stage": k, "layers": [stage.first, stage.last]}
+            for k, stage in enumerate(document.stages) for uid in stage.devices}
+
+
+def _deploy(run: Run, plan: Plan) -> Run:
+    """Send every device of ``plan`` its stage; a device that cannot take it fails the run."""
+    try:
+        specs = stage_specs(run=run, plan=plan)
+    except (PlanningError, FormatError) as exc:
+        return _fail(run, f"the {plan.algorithm} plan cannot be deployed: {exc}")
+    run_devices = {rd.device.uid: rd for rd in RunDevice.objects.filter(run=run)
+                   .select_related("device")}
+    absent = [uid for uid in specs if uid not in run_devices]
+    if absent:
+        return _fail(run, f"the plan uses device {absent[0]}, which is not in the run")
+    for uid in specs:
+        d = run_devices[uid].device
+        if d.status not in ACTIVE_DEVICE or not d.data_address:
+            why = f"is {d.status}" if d.status not in ACTIVE_DEVICE else "has no agent connected"
+            return _fail(run, f"device {d.name!r} ({d.uid}) {why}: start its agent "
+                              "(python -m agent run) and start the run again", device=uid)
+    peers = {uid: run_devices[uid].device.data_address for uid in specs}
+    for uid, rd in run_devices.items():
+        spec = specs.get(uid)
+        rd.stage = None if spec is None else spec["stage"]
+        rd.stage_state = (RunDevice.StageState.IDLE if spec is None
+                          else RunDevice.StageState.DEPLOYING)
+        rd.stage_error = ""
+        rd.save(update_fields=["stage", "stage_state", "stage_error"])
+        if spec is not None:
+            device_command_send(uid=uid, command=command_build("deploy", run=run.pk, spec=spec,
+                                                               peers=peers))
+    return run
+
+
+def _fail(run: Run, error: str, *, device: str = "") -> Run:
+    """Fail a run that is starting or running: tell its agents to stop, say why."""
+    failed = _transition(run, RunState.FAILED, action="fail", error=error,
+                         finished_at=timezone.now())
+    events.run_event_send(failed.pk, events.event_idle(failed))
+    _control_event(failed, "run_failed", device=device, detail={"error": error})
+    _stage_command_all(failed, "stop")
+    return failed
+
+
+def _stage_of(run: Run, device: Device) -> RunDevice:
+    rd = RunDevice.objects.select_for_update().filter(run=run, device=device).first()
+    if rd is None or rd.stage is None:
+        raise InvalidInput("run", f"device {device.uid} holds no stage of run {run.pk}")
+    return rd
+
+
+@transaction.atomic
+def run_stage_ready(*, run: Run, device: Device) -> Run:
+    """An agent built its stage. When every stage is ready, all start at one time."""
+    locked = _locked(run)
+    rd = _stage_of(locked, device)
+    if locked.state != RunState.STARTING:
+        return locked  # a late answer to a run that failed or was stopped meanwhile
+    rd.stage_state = RunDevice.StageState.READY
+    rd.save(update_fields=["stage_state"])
+    staged = _staged(locked)
+    if any(s.stage_state != RunDevice.StageState.READY for s in staged):
+        return locked
+    started_at = time.time() + START_DELAY_S
+    RunDevice.objects.filter(pk__in=[s.pk for s in staged]).update(
+        stage_state=RunDevice.StageState.RUNNING)
+    _stage_command_all(locked, "start", started_at=started_at)
+    running = _transition(locked, RunState.RUNNING, action="run",
+                          started_at=datetime.fromtimestamp(started_at, tz=UTC))
+    _control_event(running, "run_started")
+    return running
+
+
+@transaction.atomic
+def run_stage_failed(*, run: Run, device: Device, error: str) -> Run:
+    """An agent could not deploy or run its stage: the run fails with its reason."""
+    locked = _locked(run)
+    rd = _stage_of(locked, device)
+    rd.stage_state = RunDevice.StageState.FAILED
+    rd.stage_error = error
+    rd.save(update_fields=["stage_state", "stage_error"])
+    if locked.state not in ACTIVE:
+        return locked
+    return _fail(locked, f"device {device.name!r} ({device.uid}), stage {rd.stage}: {error}",
+                 device=device.uid)
+
+
+@transaction.atomic
+def run_stage_done(*, run: Run, device: Device) -> Run:
+    """An agent ran its stage to the end; the run finishes with its last stage."""
+    locked = _locked(run)
+    rd = _stage_of(locked, device)
+    rd.stage_state = RunDevice.StageState.DONE
+    rd.save(update_fields=["stage_state"])
+    events.run_event_send(locked.pk, events.event_idle(locked))  # the throttle's last word
+    if locked.state not in (RunState.RUNNING, RunState.PAUSED):
+        return locked
+    if any(s.stage_state != RunDevice.StageState.DONE for s in _staged(locked)):
+        return locked
+    _control_event(locked, "run_finished")
+    return _transition(locked, RunState.FINISHED, action="finish", finished_at=timezone.now())
+
+
+def runs_fail_stalled(*, older_than_s: float) -> list[int]:
+    """Fail the runs still starting ``older_than_s`` after their deployment was sent, naming the
+    devices that did not answer (their agent stopped or lost its connection meanwhile)."""
+    cutoff = timezone.now() - timedelta(seconds=older_than_s)
+    failed = []
+    for run_id in Run.objects.filter(state=RunState.STARTING, started_at__lt=cutoff
+                                     ).values_list("pk", flat=True):
+        with transaction.atomic():
+            locked = Run.objects.select_for_update().get(pk=run_id)
+            if locked.state != RunState.STARTING:
+                continue
+            silent = [rd.device for rd in _staged(locked)
+                      if rd.stage_state == RunDevice.StageState.DEPLOYING]
+            names = ", ".join(f"{d.name!r} ({d.uid})" for d in silent) or "no device"
+            _fail(locked, f"{names} did not answer the deployment within {older_than_s:.0f} s: "
+                          "is its agent running?")
+            failed.append(run_id)
+    return failed
+
+
+def run_device_lost(*, device: Device, reason: str) -> list[Run]:
+    """The device's agent went away: every active run it holds a stage of fails, naming it
+    (fault tolerance, which would re-plan without it, is not part of this runtime yet)."""
+    failed = []
+    for run_id in (RunDevice.objects.filter(device=device, run__state__in=ACTIVE,
+                                            stage__isnull=False)
+                   .values_list("run_id", flat=True)):
+        with transaction.atomic():
+            locked = Run.objects.select_for_update().get(pk=run_id)
+            if locked.state in ACTIVE:
+                _control_event(locked, "device_lost", device=device.uid,
+                               detail={"reason": reason})
+                failed.append(_fail(locked, f"device {device.name!r} ({device.uid}) was lost: "
+                                            f"{reason}", device=device.uid))
+    return failed
 
 
 def _plan_claim(plan_id: int, worker: str) -> Plan | None:
@@ -311,6 +514,19 @@ def _parsed(items: Sequence[Any], field: str, parse: Any, run: Run) -> list[Any]
     return out
 
 
+_idle_sent: dict[int, float] = {}
+
+
+def _idle_due(run_id: int) -> bool:
+    """The idle breakdown reads the whole window back from the database: recompute it at most
+    every LIVE_IDLE_INTERVAL_S per run (per web process), not for every agent's batch."""
+    now = time.monotonic()
+    if now - _idle_sent.get(run_id, -math.inf) < settings.LIVE_IDLE_INTERVAL_S:
+        return False
+    _idle_sent[run_id] = now
+    return True
+
+
 @transaction.atomic
 def run_events_store(*, run: Run, device: Device, timeline: Sequence[Any] = (),
                      faults: Sequence[Any] = (), metrics: Sequence[dict[str, Any]] = ()
@@ -339,7 +555,7 @@ def run_events_store(*, run: Run, device: Device, timeline: Sequence[Any] = (),
     if stored_metrics:
         events.run_event_send(run.pk, events.event_metrics(
             [selectors.metric_json(r) for r in stored_metrics]))
-    if stored_timeline:
+    if stored_timeline and _idle_due(run.pk):
         events.run_event_send(run.pk, events.event_idle(run))
     return {"timeline": len(stored_timeline), "faults": len(stored_faults),
             "metrics": len(stored_metrics)}

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery import shared_task
+from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
 from webapp.runs import services
@@ -19,3 +20,9 @@ from webapp.runs import services
 def plan_compute(self: Any, plan_id: int) -> dict[str, Any]:
     """Compute plan ``plan_id`` (see :func:`webapp.runs.services.plan_compute`)."""
     return services.plan_compute(plan_id=plan_id, worker=self.request.hostname or "")
+
+
+@shared_task
+def runs_fail_stalled() -> list[int]:
+    """Beat: runs whose deployment got no answer in time fail, naming the silent devices."""
+    return services.runs_fail_stalled(older_than_s=settings.DEPLOY_TIMEOUT_S)

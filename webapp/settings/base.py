@@ -43,6 +43,8 @@ INSTALLED_APPS = [
     "webapp.devices",
     "webapp.runs",
     "webapp.dashboard",
+    "webapp.gateway",
+    "webapp.demo",
 ]
 
 MIDDLEWARE = [
@@ -116,8 +118,10 @@ SERVE_STATIC = env.bool("SERVE_STATIC", default=True)
 # agents post event batches of up to 20,000 events (about 4 MB)
 DATA_UPLOAD_MAX_MEMORY_SIZE = 8 * 2**20
 
-LOGIN_URL = "/api-auth/login/"
-LOGIN_REDIRECT_URL = "/api/docs/"
+# the dashboard's login page (the browsable API keeps its own at /api-auth/login/)
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/login/"
 
 # --------------------------------------------------------------------------- Redis or embedded
 
@@ -180,10 +184,18 @@ else:
 
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celery" / "beat-schedule")
 DEVICE_OFFLINE_AFTER_S = env.int("DEVICE_OFFLINE_AFTER_S", default=60)
+# The live idle breakdown is recomputed at most this often per run (it reads the window back).
+LIVE_IDLE_INTERVAL_S = env.float("LIVE_IDLE_INTERVAL_S", default=2.0)
+# Seconds a run may stay starting before the devices that did not answer fail it.
+DEPLOY_TIMEOUT_S = env.int("DEPLOY_TIMEOUT_S", default=90)
 CELERY_BEAT_SCHEDULE = {
     "devices-mark-offline": {
         "task": "webapp.devices.tasks.devices_mark_offline",
         "schedule": max(5, DEVICE_OFFLINE_AFTER_S // 4),
+    },
+    "runs-fail-stalled": {
+        "task": "webapp.runs.tasks.runs_fail_stalled",
+        "schedule": max(5, DEPLOY_TIMEOUT_S // 6),
     },
 }
 

@@ -16,3 +16,6 @@ CELERY_TASK_ALWAYS_EAGER = True
 CELERY_TASK_EAGER_PROPAGATES = True
 PLANNING_SIMULATED_BATCHES = 2
 LOGGING = {"version": 1, "disable_existing_loggers": False}
+
+# every agent batch recomputes the idle breakdown, so that tests see each one
+LIVE_IDLE_INTERVAL_S = 0.0

@@ -93,6 +93,13 @@ class Processes:
                            "webapp.asgi:application"])
         wait_until(lambda: listening(port), timeout=30, what=f"daphne on port {port}")
 
+    def serve(self, port: int) -> None:
+        """``manage.py serve``: daphne and a Celery worker (with beat), both ready."""
+        self.start("serve", [PYTHON, "manage.py", "serve", "--port", str(port),
+                             "--concurrency", "1"])
+        wait_until(lambda: listening(port), timeout=60, what="manage.py serve to listen")
+        self.wait_log("serve", " ready.", timeout=60)
+
     def worker(self, name: str) -> None:
         self.start(name, [PYTHON, "-m", "celery", "-A", "webapp", "worker", "--loglevel",
                           "INFO", "--concurrency", "1", "--hostname", f"{name}@%h",

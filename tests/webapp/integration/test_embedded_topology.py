@@ -18,14 +18,12 @@ from pathlib import Path
 import pytest
 
 from tests.webapp.integration.stack import (
-    PYTHON,
     Browser,
     Processes,
     child_env,
     demo_admin_password,
     enrol,
     free_port,
-    listening,
     manage,
     plan_through_a_worker_kill,
     resnet_testbed,
@@ -63,10 +61,7 @@ def test_one_command_serves_and_plans_a_run_end_to_end(tmp_path: Path, logs: Pat
     port = free_port()
     processes = Processes(logs, env)
     try:
-        processes.start("serve", [PYTHON, "manage.py", "serve", "--port", str(port),
-                                  "--concurrency", "1"])
-        wait_until(lambda: listening(port), timeout=60, what="manage.py serve to listen")
-        processes.wait_log("serve", " ready.", timeout=60)
+        processes.serve(port)
         browser = Browser(f"http://127.0.0.1:{port}", "admin", demo_admin_password(env))
         spec, devices = resnet_testbed()
         spec_id, enrolled = enrol(browser, spec, devices)

@@ -1,7 +1,8 @@
 import pytest
 
 from tests.webapp.factories import DeviceFactory, PlanFactory, RunFactory
-from webapp.runs.models import MetricPoint, Run, TimelineEvent
+from webapp.gateway.services import agent_message
+from webapp.runs.models import MetricPoint, Run, RunDevice, TimelineEvent
 
 pytestmark = pytest.mark.django_db
 
@@ -39,9 +40,16 @@ def test_plan_a_run_on_the_testbed_compare_its_plans_and_start_the_best(
     # optimal is exact on five devices: nothing beats it
     optimal = next(p for p in plans if p["algorithm"] == "optimal")
     assert optimal["period_s"] == pytest.approx(best["period_s"])
+    # the devices' agents connect (their hello names their data planes), then the run starts
+    for k, device in enumerate(resnet_testbed.devices):
+        agent_message(device_id=device.id, message={
+            "type": "hello", "data_address": f"tcp://127.0.0.1:{5600 + k}"})
     started = api.post(f"/api/runs/{run['id']}/start/", {}, format="json")
     assert started.status_code == 200
     assert started.json()["state"] == "starting" and started.json()["chosen_plan"] == best["id"]
+    staged = RunDevice.objects.filter(run_id=run["id"], stage__isnull=False)
+    assert staged.count() == len(best["document"]["stages"])
+    assert {rd.stage_state for rd in staged} == {"deploying"}
 
 
 def test_start_with_a_chosen_plan(api):

@@ -76,7 +76,10 @@ def test_nothing_is_sent_for_a_transaction_that_rolls_back():
         raise RuntimeError("rolled back")
     assert drain(channel) == []
     services.run_pause(run=run)
-    assert [m["event"]["run"]["state"] for m in drain(channel)] == ["paused"]
+    sent = [m["event"] for m in drain(channel)]
+    assert [e["run"]["state"] for e in sent if e["type"] == "run"] == ["paused"]
+    assert [f["kind"] for e in sent if e["type"] == "faults" for f in e["events"]] == [
+        "run_paused"]
 
 
 def test_snapshot_apply_rejects_an_unknown_event():

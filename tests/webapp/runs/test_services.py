@@ -13,8 +13,8 @@ from tests.webapp.factories import (
 )
 from webapp.common.exceptions import Conflict, IllegalTransition, InvalidInput
 from webapp.devices.models import Device
-from webapp.runs import services
-from webapp.runs.models import FaultEvent, MetricPoint, Plan, Run, TimelineEvent
+from webapp.runs import selectors, services
+from webapp.runs.models import FaultEvent, MetricPoint, Plan, Run, RunDevice, TimelineEvent
 
 pytestmark = pytest.mark.django_db
 
@@ -208,15 +208,24 @@ def test_plans_requeue_unfinished_queues_the_plans_of_planning_runs(monkeypatch)
 # --------------------------------------------------------------------------- starting
 
 
-def test_start_takes_the_best_fitting_plan_by_default():
-    run = RunFactory(state=Run.State.PLANNED)
-    PlanFactory(run=run, algorithm="uniform", period_s=0.3)
-    best = PlanFactory(run=run, algorithm="ftpipehd", period_s=0.2)
-    PlanFactory(run=run, algorithm="bsp", period_s=0.1, memory_ok=False)
+@pytest.mark.django_db(transaction=True)
+def test_start_takes_the_best_fitting_plan_by_default_and_deploys_it():
+    spec = ModelSpecFactory()
+    devices = [DeviceFactory() for _ in range(3)]
+    for k, device in enumerate(devices):
+        LayerProfileFactory(device=device, model_spec=spec, scale=1.0 + 2 * k)
+    run = RunFactory(model_spec=spec, devices=devices,
+                     algorithms=["uniform", "ftpipehd", "optimal"])
+    services.run_plan(run=run)
+    best = selectors.plan_best(run=Run.objects.get(pk=run.pk))
     services.run_start(run=run)
     run.refresh_from_db()
     assert run.state == Run.State.STARTING and run.chosen_plan == best
     assert run.started_at is not None
+    stages = {rd.device.uid: rd.stage for rd in RunDevice.objects.filter(run=run)
+              if rd.stage is not None}
+    planned = {d: k for k, s in enumerate(best.document["stages"]) for d in s["devices"]}
+    assert stages == planned
 
 
 @pytest.mark.parametrize(("change", "reason"), [

@@ -1,0 +1,326 @@
+"""The agents' control connection, through the real ASGI application: authentication, hello,
+and a run deployed, started, fed and finished by agents over their WebSockets."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+
+from tests.webapp.factories import DeviceFactory, LayerProfileFactory, ModelSpecFactory, RunFactory
+from webapp.asgi import application
+from webapp.devices.models import Device
+from webapp.runs import services
+from webapp.runs.models import FaultEvent, MetricPoint, Run, RunDevice, TimelineEvent
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def agent(device: Device, key: str | None = None) -> WebsocketCommunicator:
+    headers = [(b"authorization", f"Device {device.uid}:{key or device.key}".encode())]
+    return WebsocketCommunicator(application, "/ws/agent/", headers=headers)
+
+
+def planned_run(count: int = 3, *, algorithm: str = "ftpipehd") -> tuple[Run, list[Device]]:
+    spec = ModelSpecFactory()
+    devices = [DeviceFactory(data_address="") for _ in range(count)]
+    for k, device in enumerate(devices):
+        LayerProfileFactory(device=device, model_spec=spec, scale=1.0 + k)
+    run = RunFactory(model_spec=spec, devices=devices, algorithms=[algorithm], microbatches=4,
+                     batches=2)
+    services.run_plan(run=run)
+    run.refresh_from_db()
+    assert run.state == Run.State.PLANNED
+    return run, devices
+
+
+async def connect_all(devices: Sequence[Device]) -> list[WebsocketCommunicator]:
+    agents = []
+    for k, device in enumerate(devices):
+        link = agent(device)
+        connected, _ = await link.connect()
+        assert connected
+        await link.send_json_to({"type": "hello", "data_address": f"tcp://127.0.0.1:{6000 + k}",
+                                 "hardware": {"cpus": 4}})
+        welcome = await link.receive_json_from(timeout=5)
+        assert welcome == {"type": "welcome", "device": device.uid, "name": device.name}
+        agents.append(link)
+    return agents
+
+
+def test_wrong_or_missing_keys_are_refused() -> None:
+    device = DeviceFactory()
+
+    async def scenario() -> list[tuple[bool, Any]]:
+        out = []
+        for link in (agent(device, key="dk_wrong"),
+                     WebsocketCommunicator(application, "/ws/agent/")):
+            out.append(await link.connect())
+        return out
+
+    assert async_to_sync(scenario)() == [(False, 4401), (False, 4401)]
+
+
+def test_ping_hello_heartbeat_and_bad_messages() -> None:
+    device = DeviceFactory(data_address="", status=Device.Status.OFFLINE)
+
+    async def scenario() -> list[dict[str, Any]]:
+        link = agent(device)
+        assert (await link.connect())[0]
+        replies = []
+        for message in ({"type": "ping", "id": 1},
+                        {"type": "hello", "data_address": "http://x"},
+                        {"type": "hello", "data_address": "tcp://10.0.0.2:5601"},
+                        {"type": "heartbeat", "status": "asleep"},
+                        {"type": "teleport"},
+                        {"type": "events", "run": 12345, "timeline": []}):
+            await link.send_json_to(message)
+            replies.append(await link.receive_json_from(timeout=5))
+        await link.send_json_to({"type": "heartbeat", "status": "busy"})
+        await link.send_json_to({"type": "ping", "id": 2})
+        replies.append(await link.receive_json_from(timeout=5))
+        await link.disconnect()
+        return replies
+
+    replies = async_to_sync(scenario)()
+    assert replies[0]["type"] == "pong" and replies[0]["id"] == 1 and replies[0]["server_time"] > 0
+    assert replies[1]["type"] == "error" and replies[1]["field"] == "data_address"
+    assert replies[2]["type"] == "welcome"
+    assert replies[3]["field"] == "status"
+    assert replies[4]["field"] == "type" and "hello" in replies[4]["detail"]
+    assert replies[5]["field"] == "run" and "has no run 12345" in replies[5]["detail"]
+    device.refresh_from_db()
+    # the connection closed: offline again, its data plane forgotten
+    assert device.status == Device.Status.OFFLINE and device.data_address == ""
+
+
+def test_a_run_is_deployed_started_fed_and_finished_by_its_agents() -> None:
+    run, devices = planned_run()
+
+    async def scenario() -> tuple[list[dict[str, Any]], list[dict[str, Any]], str, str]:
+        agents = await connect_all(devices)
+        await database_sync_to_async(services.run_start)(run=run)
+        deploys = [await a.receive_json_from(timeout=5) for a in agents]
+        for a, command in zip(agents, deploys, strict=True):
+            await a.send_json_to({"type": "ack", "id": command["id"], "command": "deploy",
+                                  "run": run.pk, "ok": True})
+        starts = [await a.receive_json_from(timeout=5) for a in agents]
+        state = (await database_sync_to_async(Run.objects.get)(pk=run.pk)).state
+        first = devices[0].uid
+        await agents[0].send_json_to({"type": "events", "run": run.pk, "timeline": [
+            {"run": run.pk, "device": first, "stage": 0, "kind": "forward", "microbatch": 0,
+             "version": 0, "start": 0.1, "end": 0.2}],
+            "metrics": [{"at": 0.2, "kind": "throughput_sps", "device": "", "value": 320.0}]})
+        stored = await agents[0].receive_json_from(timeout=5)
+        assert stored == {"type": "stored", "run": run.pk, "timeline": 1, "faults": 0,
+                          "metrics": 1}
+        for a in agents:
+            await a.send_json_to({"type": "stage_done", "run": run.pk})
+        for a in agents:
+            await a.disconnect()
+        final = (await database_sync_to_async(Run.objects.get)(pk=run.pk)).state
+        return deploys, starts, state, final
+
+    deploys, starts, state, final = async_to_sync(scenario)()
+    assert [d["command"] for d in deploys] == ["deploy"] * 3
+    specs = [d["spec"] for d in deploys]
+    assert [s["stage"] for s in specs] == [0, 1, 2]  # ftpipehd keeps the devices' order
+    assert [s["device"] for s in specs] == [d.uid for d in devices]
+    assert specs[0]["layers"][0] == 0 and specs[-1]["layers"][1] == 3  # the factory's 4 layers
+    assert specs[0]["microbatches"] == 4 * 2 and specs[0]["flush_every"] == 4
+    assert deploys[0]["peers"] == {d.uid: f"tcp://127.0.0.1:{6000 + k}"
+                                   for k, d in enumerate(devices)}
+    assert {s["command"] for s in starts} == {"start"}
+    assert len({s["started_at"] for s in starts}) == 1  # one common start time
+    assert state == Run.State.RUNNING and final == Run.State.FINISHED
+    assert TimelineEvent.objects.filter(run=run).count() == 1
+    assert MetricPoint.objects.filter(run=run, kind="throughput_sps").count() == 1
+    kinds = list(FaultEvent.objects.filter(run=run).values_list("kind", flat=True))
+    assert kinds == ["run_started", "run_finished"]
+
+
+def test_a_stage_the_agent_refuses_fails_the_run_and_stops_the_others() -> None:
+    run, devices = planned_run()
+
+    async def scenario() -> tuple[list[dict[str, Any]], Run]:
+        agents = await connect_all(devices)
+        await database_sync_to_async(services.run_start)(run=run)
+        deploys = [await a.receive_json_from(timeout=5) for a in agents]
+        await agents[1].send_json_to({"type": "ack", "id": deploys[1]["id"],
+                                      "command": "deploy", "run": run.pk, "ok": False,
+                                      "error": "no such model 'resnet999'"})
+        stops = [await a.receive_json_from(timeout=5) for a in agents]
+        for a in agents:
+            await a.disconnect()
+        return stops, await database_sync_to_async(Run.objects.get)(pk=run.pk)
+
+    stops, failed = async_to_sync(scenario)()
+    assert {s["command"] for s in stops} == {"stop"}
+    assert failed.state == Run.State.FAILED
+    assert devices[1].uid in failed.error and "no such model 'resnet999'" in failed.error
+    assert RunDevice.objects.get(run=run, device=devices[1]).stage_state == "failed"
+
+
+def test_an_agent_that_disappears_fails_the_run_naming_it() -> None:
+    run, devices = planned_run()
+
+    async def scenario() -> Run:
+        agents = await connect_all(devices)
+        await database_sync_to_async(services.run_start)(run=run)
+        deploys = [await a.receive_json_from(timeout=5) for a in agents]
+        for a, command in zip(agents, deploys, strict=True):
+            await a.send_json_to({"type": "ack", "id": command["id"], "command": "deploy",
+                                  "run": run.pk, "ok": True})
+        for a in agents:
+            await a.receive_json_from(timeout=5)  # start
+        await agents[2].disconnect()
+        for a in agents[:2]:
+            assert (await a.receive_json_from(timeout=5))["command"] == "stop"
+            await a.disconnect()
+        return await database_sync_to_async(Run.objects.get)(pk=run.pk)
+
+    failed = async_to_sync(scenario)()
+    assert failed.state == Run.State.FAILED
+    assert f"({devices[2].uid}) was lost: its agent disconnected" in failed.error
+    lost = FaultEvent.objects.get(run=run, kind="device_lost")
+    assert lost.device == devices[2].uid
+
+
+def test_a_replaced_connection_closing_changes_nothing() -> None:
+    device = DeviceFactory(data_address="")
+
+    async def scenario() -> None:
+        old, new = agent(device), agent(device)
+        assert (await old.connect())[0]
+        assert (await new.connect())[0]  # the agent reconnected before the old one timed out
+        await new.send_json_to({"type": "hello", "data_address": "tcp://127.0.0.1:7000"})
+        await new.receive_json_from(timeout=5)
+        await old.disconnect()
+        await new.send_json_to({"type": "ping", "id": 3})
+        assert (await new.receive_json_from(timeout=5))["type"] == "pong"
+        device_now = await database_sync_to_async(Device.objects.get)(pk=device.pk)
+        assert device_now.status == Device.Status.ONLINE
+        assert device_now.data_address == "tcp://127.0.0.1:7000"
+        await new.disconnect()
+
+    async_to_sync(scenario)()
+
+
+def test_starting_without_connected_agents_fails_clearly() -> None:
+    run, devices = planned_run()
+    services.run_start(run=run)
+    run.refresh_from_db()
+    assert run.state == Run.State.FAILED
+    assert f"({devices[0].uid}) has no agent connected: start its agent" in run.error
+
+
+def test_a_profile_measured_on_command_becomes_the_devices_profile() -> None:
+    # Regression: the handler took get_or_create's (spec, created) pair for the spec, and the
+    # exception closed the connection, losing the profile.
+    device = DeviceFactory(data_address="")
+    layers = [{"name": f"l{i}", "kind": "dense", "forward_s": 0.001, "backward_s": 0.002,
+               "output_bytes": 100, "param_bytes": 10, "activation_bytes": 100}
+              for i in range(3)]
+    profile = {"model": "mlp", "batch_size": 16, "reference": device.uid, "layers": layers}
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
+        link = agent(device)
+        assert (await link.connect())[0]
+        await link.send_json_to({"type": "profile_result", "profile": profile,
+                                 "model_spec": {"model": "mlp", "dataset": "digits",
+                                                "batch_size": 16}})
+        stored = await link.receive_json_from(timeout=5)
+        await link.send_json_to({"type": "profile_result", "profile": {"model": "mlp"},
+                                 "model_spec": {"model": "mlp", "dataset": "digits",
+                                                "batch_size": 16}})
+        refused = await link.receive_json_from(timeout=5)
+        await link.disconnect()
+        return stored, refused
+
+    stored, refused = async_to_sync(scenario)()
+    assert stored["type"] == "profile_stored"
+    saved = device.profiles.get()
+    assert saved.model_spec.pk == stored["model_spec"] and saved.num_layers == 3
+    assert refused["type"] == "error" and refused["field"].startswith("profile")
+
+
+def test_measured_links_are_stored_and_planning_uses_the_slower_direction() -> None:
+    run, devices = planned_run(2)
+    a, b = devices
+
+    async def scenario() -> list[dict[str, Any]]:
+        links = [agent(a), agent(b)]
+        replies = []
+        for link in links:
+            assert (await link.connect())[0]
+        await links[0].send_json_to({"type": "links", "links": [
+            {"peer": b.uid, "bandwidth_bps": 5e6, "latency_s": 0.002}]})
+        replies.append(await links[0].receive_json_from(timeout=5))
+        await links[1].send_json_to({"type": "links", "links": [
+            {"peer": a.uid, "bandwidth_bps": 2e6, "latency_s": 0.002}]})
+        replies.append(await links[1].receive_json_from(timeout=5))
+        await links[1].send_json_to({"type": "links", "links": [
+            {"peer": "ghost", "bandwidth_bps": 1.0, "latency_s": 0.0}]})
+        replies.append(await links[1].receive_json_from(timeout=5))
+        await links[1].send_json_to({"type": "links", "links": [
+            {"peer": a.uid, "bandwidth_bps": -1, "latency_s": 0.0}]})
+        replies.append(await links[1].receive_json_from(timeout=5))
+        for link in links:
+            await link.disconnect()
+        return replies
+
+    replies = async_to_sync(scenario)()
+    assert replies[0] == {"type": "links_stored", "count": 1} == replies[1]
+    assert replies[2]["field"] == "links" and "'ghost' is not another enrolled device" in \
+        replies[2]["detail"]
+    assert replies[3]["field"] == "links[0].bandwidth_bps"
+    from webapp.runs.selectors import run_planning_inputs
+
+    _, device_set = run_planning_inputs(run=run)
+    assert device_set.bandwidth_bps(a.uid, b.uid) == 2e6  # the slower direction
+
+
+def test_devices_are_asked_to_measure_their_links_through_the_api(api) -> None:
+    connected = [DeviceFactory(control_channel=f"chan-{k}") for k in range(2)]
+    offline = DeviceFactory(data_address="", control_channel="")
+    asked = api.post("/api/links/", {"devices": [d.pk for d in [*connected, offline]]},
+                     format="json")
+    assert asked.status_code == 202 and asked.json()["devices"] == [d.uid for d in connected]
+    refused = api.post("/api/links/", {"devices": [offline.pk]}, format="json")
+    assert refused.status_code == 409 and "needs two" in refused.json()["detail"]
+
+
+def test_a_deployment_nobody_answers_fails_the_run_in_time() -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    run, devices = planned_run()
+
+    async def scenario() -> None:
+        agents = await connect_all(devices)
+        await database_sync_to_async(services.run_start)(run=run)
+        deploys = [await a.receive_json_from(timeout=5) for a in agents]
+        # two agents answer, the third never does
+        for a, command in zip(agents[:2], deploys[:2], strict=True):
+            await a.send_json_to({"type": "ack", "id": command["id"], "command": "deploy",
+                                  "run": run.pk, "ok": True})
+        await agents[0].send_json_to({"type": "ping", "id": 9})
+        await agents[0].receive_json_from(timeout=5)
+        await database_sync_to_async(Run.objects.filter(pk=run.pk).update)(
+            started_at=timezone.now() - timedelta(seconds=120))
+        failed = await database_sync_to_async(services.runs_fail_stalled)(older_than_s=90)
+        assert failed == [run.pk]
+        for a in agents:
+            assert (await a.receive_json_from(timeout=5))["command"] == "stop"
+            await a.disconnect()
+
+    async_to_sync(scenario)()
+    run.refresh_from_db()
+    assert run.state == Run.State.FAILED
+    assert f"({devices[2].uid}) did not answer the deployment within 90 s" in run.error
+    assert devices[0].uid not in run.error
