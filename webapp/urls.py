@@ -1,18 +1,21 @@
-"""URLs: the REST API under /api/ (users) and /api/agent/ (devices), its OpenAPI schema and
-documentation page (Swagger UI from drf-spectacular-sidecar: no CDN), the admin, and session
-login."""
+"""URLs: the dashboard's pages at the root (login, devices, runs), the REST API under /api/
+(users) and /api/agent/ (devices), the data the pages fetch under /api/dashboard/, the OpenAPI
+schema and documentation page (Swagger UI from drf-spectacular-sidecar: no CDN), the admin, and
+the browsable API's session login."""
 
 from django.contrib import admin
 from django.urls import include, path
-from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from webapp.dashboard.urls import api_urlpatterns as dashboard_api_urlpatterns
+
 urlpatterns = [
-    path("", RedirectView.as_view(url="/api/docs/", permanent=False)),
+    path("", include("webapp.dashboard.urls")),
     path("admin/", admin.site.urls),
     path("api-auth/", include("rest_framework.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    path("api/dashboard/", include(dashboard_api_urlpatterns)),
     path("api/", include("webapp.devices.urls")),
     path("api/", include("webapp.runs.urls")),
 ]

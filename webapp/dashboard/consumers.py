@@ -1,5 +1,6 @@
-"""The browser's live connection to a run page: a snapshot on connect, then the run group's
-events (webapp.runs.events). Logged-in users only."""
+"""The browser's live connections: a run page gets a snapshot on connect, then the run group's
+events (webapp.runs.events); the Devices page likewise with the devices group
+(webapp.devices.events). Logged-in users only."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from webapp.devices.events import DEVICES_GROUP, devices_snapshot
+from webapp.devices.selectors import device_list
 from webapp.runs.events import Event, run_group, run_snapshot
 from webapp.runs.selectors import run_list
 
@@ -19,6 +22,18 @@ CLOSE_NOT_FOUND = 4404
 def _snapshot(run_id: int) -> Event | None:
     run = run_list().filter(pk=run_id).first()
     return None if run is None else run_snapshot(run)
+
+
+@database_sync_to_async
+def _devices_snapshot() -> Event:
+    return devices_snapshot(device_list())
+
+
+def _is_snapshot_request(content: Any) -> bool:
+    return isinstance(content, dict) and content.get("type") == "snapshot"
+
+
+UNKNOWN_MESSAGE = {"type": "error", "detail": 'unknown message; send {"type": "snapshot"}'}
 
 
 class RunConsumer(AsyncJsonWebsocketConsumer):
@@ -43,12 +58,37 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         await self.channel_layer.group_discard(run_group(self.run_id), self.channel_name)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        if isinstance(content, dict) and content.get("type") == "snapshot":
+        if _is_snapshot_request(content):
             snapshot = await _snapshot(self.run_id)
             await self.send_json(snapshot or {"type": "error", "detail": "the run was deleted"})
             return
-        await self.send_json({"type": "error",
-                              "detail": 'unknown message; send {"type": "snapshot"}'})
+        await self.send_json(UNKNOWN_MESSAGE)
 
     async def run_event(self, message: dict[str, Any]) -> None:
+        await self.send_json(message["event"])
+
+
+class DevicesConsumer(AsyncJsonWebsocketConsumer):
+    """ws/devices/: sends {"type": "snapshot", "devices": [...]} on connect and on request
+    ({"type": "snapshot"}), then {"type": "device", "device": {...}} as devices change."""
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        await self.channel_layer.group_add(DEVICES_GROUP, self.channel_name)
+        await self.accept()
+        await self.send_json(await _devices_snapshot())
+
+    async def disconnect(self, code: int) -> None:
+        await self.channel_layer.group_discard(DEVICES_GROUP, self.channel_name)
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        if _is_snapshot_request(content):
+            await self.send_json(await _devices_snapshot())
+            return
+        await self.send_json(UNKNOWN_MESSAGE)
+
+    async def devices_event(self, message: dict[str, Any]) -> None:
         await self.send_json(message["event"])

@@ -21,6 +21,15 @@ def session_headers() -> list[tuple[bytes, bytes]]:
     return [(b"cookie", f"sessionid={cookie}".encode()), (b"origin", b"http://testserver")]
 
 
+async def receive_until(page: WebsocketCommunicator, kind: str) -> dict:
+    """The next message of type ``kind``, skipping others (pausing also sends the run_paused
+    control event, which may arrive before or after an answer)."""
+    while True:
+        message = await page.receive_json_from(timeout=5)
+        if message["type"] == kind:
+            return message
+
+
 def test_a_logged_in_page_gets_a_snapshot_then_the_runs_events():
     run = RunFactory(state=Run.State.RUNNING)
     headers = session_headers()
@@ -31,11 +40,11 @@ def test_a_logged_in_page_gets_a_snapshot_then_the_runs_events():
         assert connected
         snapshot = await page.receive_json_from(timeout=5)
         await database_sync_to_async(services.run_pause)(run=run)
-        event = await page.receive_json_from(timeout=5)
+        event = await receive_until(page, "run")
         await page.send_json_to({"type": "snapshot"})
-        again = await page.receive_json_from(timeout=5)
+        again = await receive_until(page, "snapshot")
         await page.send_json_to({"type": "gantt please"})
-        error = await page.receive_json_from(timeout=5)
+        error = await receive_until(page, "error")
         await page.disconnect()
         return snapshot, event, again, error
 

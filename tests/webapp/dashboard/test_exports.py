@@ -1,0 +1,140 @@
+"""A run's downloads: the timeline as a Chrome trace (what Perfetto opens), the metrics as CSV,
+the plan as plan JSON."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections import defaultdict
+from itertools import pairwise
+
+import pytest
+from django.test import Client
+
+from orchestrator.formats import parse_plan
+from tests.webapp.factories import DeviceFactory, RunFactory
+from webapp.runs import services
+from webapp.runs.models import Run
+from webapp.runs.selectors import run_planning_inputs
+
+pytestmark = pytest.mark.django_db
+
+
+def body(answer) -> bytes:
+    return b"".join(answer.streaming_content) if answer.streaming else answer.content
+
+
+@pytest.fixture
+def reported() -> Run:
+    """A running run on three devices whose agents reported forwards, backwards, overlapping
+    sends to two neighbours, metrics and faults."""
+    devices = [DeviceFactory(name=n) for n in ("pi one", "pi two", "pi three")]
+    run = RunFactory(devices=devices, state=Run.State.RUNNING)
+    for k, device in enumerate(devices):
+        timeline = []
+        for m in range(5):
+            t = 1.0 * m + 0.25 * k
+            timeline += [
+                {"run": run.pk, "device": device.uid, "stage": k, "kind": "forward",
+                 "microbatch": m, "version": 0, "start": t, "end": t + 0.2},
+                {"run": run.pk, "device": device.uid, "stage": k, "kind": "backward",
+                 "microbatch": m, "version": 0, "start": t + 0.3, "end": t + 0.7},
+                # two transfers at once, to both neighbours: two lanes in the trace
+                {"run": run.pk, "device": device.uid, "stage": k, "kind": "send",
+                 "microbatch": m, "version": 0, "start": t + 0.2, "end": t + 0.5,
+                 "bytes": 4096},
+                {"run": run.pk, "device": device.uid, "stage": k, "kind": "send",
+                 "microbatch": m, "version": 0, "start": t + 0.3, "end": t + 0.6,
+                 "bytes": 4096}]
+        services.run_events_store(
+            run=run, device=device, timeline=timeline,
+            metrics=[{"at": 5.0 + k, "kind": "network_bps", "device": device.uid,
+                      "value": 1e6 * (k + 1)}],
+            faults=[{"run": run.pk, "at": 2.5, "kind": "device_lost", "device": device.uid,
+                     "detail": {"reason": "heartbeat timeout"}}] if k == 2 else [])
+    services.run_events_store(run=run, device=devices[0], metrics=[
+        {"at": 4.0, "kind": "throughput_sps", "value": 120.5},
+        {"at": 4.0, "kind": "loss", "value": 1.75}])
+    return run
+
+
+def test_the_trace_is_chrome_trace_json_with_one_process_per_device(browser: Client, reported):
+    answer = browser.get(f"/runs/{reported.pk}/export/trace.json")
+    assert answer.status_code == 200 and answer["Content-Type"] == "application/json"
+    assert answer["Content-Disposition"] == (
+        f'attachment; filename="edgepipe-run-{reported.pk}-trace.json"')
+    trace = json.loads(body(answer))
+    events = trace["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    devices = [rd.device for rd in reported.run_devices.all()]
+    # one process per device in pipeline order, and the run's own for run-wide points
+    assert names == {0: f"run {reported.pk}: {reported.name}",
+                     **{k + 1: f"{d.name} ({d.uid})" for k, d in enumerate(devices)}}
+    complete = [e for e in events if e["ph"] == "X"]
+    assert len(complete) == 3 * 5 * 4
+    first = min(complete, key=lambda e: (e["pid"], e["ts"]))
+    assert first == {"name": "forward 0", "cat": "forward", "ph": "X", "ts": 0.0,
+                     "dur": 200000.0, "pid": 1, "tid": 100,
+                     "args": {"stage": 0, "microbatch": 0, "version": 0, "bytes": 0}}
+    # no two events of one thread overlap (Perfetto needs them nested or apart)
+    by_thread = defaultdict(list)
+    for e in complete:
+        by_thread[(e["pid"], e["tid"])].append((e["ts"], e["ts"] + e["dur"]))
+    for spans in by_thread.values():
+        spans.sort()
+        assert all(a[1] <= b[0] + 1e-6 for a, b in pairwise(spans))
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+               if e["name"] == "thread_name"}
+    assert {threads[(1, t)] for t in (100, 200, 300, 301)} == {
+        "forward", "backward", "send", "send (2)"}
+    assert set(by_thread) == set(threads)
+    lost = next(e for e in events if e["ph"] == "i")
+    assert lost["name"] == "device_lost" and lost["pid"] == 3 and lost["ts"] == 2_500_000.0
+    counters = {(e["pid"], e["name"]) for e in events if e["ph"] == "C"}
+    assert counters == {(0, "throughput_sps"), (0, "loss"), (1, "network_bps"),
+                        (2, "network_bps"), (3, "network_bps")}
+
+
+def test_the_trace_of_a_run_with_no_events_is_still_valid(browser: Client):
+    run = RunFactory()
+    trace = json.loads(body(browser.get(f"/runs/{run.pk}/export/trace.json")))
+    assert [e["ph"] for e in trace["traceEvents"]] == ["M", "M", "M", "M"]  # names, order
+
+
+def test_the_metrics_are_csv_in_time_order(browser: Client, reported):
+    answer = browser.get(f"/runs/{reported.pk}/export/metrics.csv")
+    assert answer["Content-Type"] == "text/csv; charset=utf-8"
+    rows = list(csv.reader(io.StringIO(body(answer).decode())))
+    devices = [rd.device.uid for rd in reported.run_devices.all()]
+    assert rows == [["at_s", "kind", "device", "value"],
+                    ["4.0", "loss", "", "1.75"], ["4.0", "throughput_sps", "", "120.5"],
+                    ["5.0", "network_bps", devices[0], "1000000.0"],
+                    ["6.0", "network_bps", devices[1], "2000000.0"],
+                    ["7.0", "network_bps", devices[2], "3000000.0"]]
+
+
+def test_the_plan_is_plan_json_the_orchestrator_reads(browser: Client, gpipe_run):
+    answer = browser.get(f"/runs/{gpipe_run.pk}/export/plan.json")
+    assert answer.status_code == 200
+    best = gpipe_run.plans.order_by("period_s").first()
+    assert answer["Content-Disposition"].endswith(
+        f'-plan-{best.algorithm}.json"')
+    profile, devices = run_planning_inputs(run=gpipe_run)
+    plan = parse_plan(json.loads(answer.content), profile=profile, devices=devices)
+    assert plan.algorithm == best.algorithm
+    other = gpipe_run.plans.exclude(pk=best.pk).get()
+    answer = browser.get(f"/runs/{gpipe_run.pk}/export/plan.json?plan={other.pk}")
+    assert json.loads(answer.content)["algorithm"] == other.algorithm
+
+
+def test_a_run_without_a_plan_has_no_plan_to_download(browser: Client):
+    run = RunFactory()
+    answer = browser.get(f"/runs/{run.pk}/export/plan.json")
+    assert answer.status_code == 404
+    assert f"run {run.pk} has no computed plan yet" in answer.content.decode()
+
+
+def test_downloads_need_a_login(client: Client, reported):
+    for name in ("trace.json", "metrics.csv", "plan.json"):
+        assert client.get(f"/runs/{reported.pk}/export/{name}").status_code == 302

@@ -1,0 +1,261 @@
+"""The dashboard's pages: login, empty states, many runs, and forms whose errors appear next to
+the field they name (the REST API's validation, reused)."""
+
+from __future__ import annotations
+
+import re
+from html import unescape
+
+import pytest
+from django.test import Client
+
+from tests.webapp.factories import (
+    DeviceFactory,
+    LayerProfileFactory,
+    ModelSpecFactory,
+    PlanFactory,
+    RunFactory,
+)
+from webapp.devices.models import Device, EnrollmentToken
+from webapp.runs.models import Plan, Run
+
+pytestmark = pytest.mark.django_db
+
+PAGES = ["/", "/devices/", "/runs/", "/runs/new/"]
+
+
+def field_errors(html: str, field: str) -> list[str]:
+    """The errors shown under form field ``field`` (the template marks each with the field's
+    name, inside the field's own box)."""
+    return [unescape(e) for e in
+            re.findall(rf'<div class="field-error" data-for="{field}">(.*?)</div>', html)]
+
+
+@pytest.mark.parametrize("path", [*PAGES, "/runs/1/", "/devices/1/"])
+def test_every_page_asks_for_the_login_first(client: Client, path):
+    answer = client.get(path)
+    assert answer.status_code == 302 and answer["Location"] == f"/login/?next={path}"
+
+
+def test_the_login_page_says_what_went_wrong(client: Client, user):
+    answer = client.post("/login/", {"username": user.username, "password": "nope"})
+    assert answer.status_code == 200
+    assert "Please enter a correct username and password" in answer.content.decode()
+    answer = client.post("/login/", {"username": user.username, "password": "pass-word-1",
+                                     "next": "/runs/"})
+    assert answer.status_code == 302 and answer["Location"] == "/runs/"
+
+
+def test_log_out_is_a_post_back_to_the_login(browser: Client):
+    answer = browser.post("/logout/")
+    assert answer.status_code == 302 and answer["Location"] == "/login/"
+    assert browser.get("/runs/").status_code == 302
+
+
+@pytest.mark.parametrize(("path", "says"), [
+    ("/", "Getting started"),
+    ("/devices/", "No devices yet"),
+    ("/runs/", "No runs yet"),
+    ("/runs/new/", "No device can train yet"),
+])
+def test_pages_with_nothing_yet_say_what_to_do(browser: Client, path, says):
+    answer = browser.get(path)
+    assert answer.status_code == 200
+    assert says in answer.content.decode()
+
+
+def test_the_new_run_form_says_when_no_model_is_profiled(browser: Client):
+    DeviceFactory()
+    assert "No model has been profiled yet" in browser.get("/runs/new/").content.decode()
+
+
+def test_hundreds_of_runs_are_paged_and_filtered(browser: Client, django_assert_max_num_queries):
+    devices = [DeviceFactory(), DeviceFactory()]
+    spec = ModelSpecFactory()
+    for k in range(230):
+        RunFactory(devices=devices, model_spec=spec, name=f"run number {k}",
+                   state=Run.State.RUNNING if k % 10 == 0 else Run.State.PLANNED)
+    with django_assert_max_num_queries(80):
+        answer = browser.get("/runs/")
+    html = answer.content.decode()
+    assert html.count("run number ") == 50 and "run number 229" in html
+    assert "Runs 1–50 of 230" in html and "Page 1 of 5" in html
+    last = browser.get("/runs/?page=5").content.decode()
+    assert last.count("run number ") == 30 and "run number 0<" in last
+    active = browser.get("/runs/?state=active").content.decode()
+    assert active.count("run number ") == 23
+    assert 'Active<span class="count">23</span>' in active
+
+
+def test_the_run_list_shows_progress(browser: Client):
+    planning = RunFactory(state=Run.State.PLANNING)
+    PlanFactory(run=planning, algorithm="uniform")
+    PlanFactory(run=planning, algorithm="optimal", status=Plan.Status.RUNNING)
+    RunFactory(state=Run.State.FINISHED, microbatches=4, batches=10)
+    html = browser.get("/runs/").content.decode()
+    assert "1/2 plans" in html and "done" in html
+
+
+def test_a_run_page_carries_its_live_configuration(browser: Client, gpipe_run: Run):
+    html = browser.get(f"/runs/{gpipe_run.pk}/").content.decode()
+    assert f'"ws_path": "/ws/runs/{gpipe_run.pk}/"' in html
+    assert f"/api/dashboard/runs/{gpipe_run.pk}/plans/{{plan}}/timeline/" in html
+    assert "has the shortest predicted period" in html  # why the best is best
+    assert "/static/vendor/plotly/plotly-basic.min.js" in html
+
+
+def test_an_unknown_run_or_device_is_a_404_page(browser: Client):
+    for path in ("/runs/999/", "/devices/999/"):
+        answer = browser.get(path)
+        assert answer.status_code == 404 and answer["Content-Type"].startswith("text/html")
+
+
+# --------------------------------------------------------------------------- new run
+
+
+@pytest.fixture
+def profiled(db: None) -> tuple[int, list[Device]]:
+    spec = ModelSpecFactory()
+    devices = [DeviceFactory(name=f"edge {k}") for k in range(3)]
+    for device in devices:
+        LayerProfileFactory(device=device, model_spec=spec, layers=5)
+    return spec.pk, devices
+
+
+def run_form(spec: int, chosen: list[Device], **changes: object) -> dict[str, object]:
+    form: dict[str, object] = {"name": "lab run", "model_spec": str(spec),
+                               "devices": [str(d.pk) for d in chosen],
+                               "algorithms": ["ftpipehd", "uniform"], "schedule": "1f1b",
+                               "microbatches": "4", "batches": "10"}
+    form.update(changes)
+    return {k: v for k, v in form.items() if v is not None}
+
+
+def test_a_run_is_created_in_pipeline_order_and_planned(browser: Client, profiled,
+                                                        django_capture_on_commit_callbacks):
+    spec, devices = profiled
+    chosen = [devices[2], devices[0]]
+    with django_capture_on_commit_callbacks(execute=True):
+        answer = browser.post("/runs/new/", run_form(spec, chosen))
+    run = Run.objects.get()
+    assert answer.status_code == 302 and answer["Location"] == f"/runs/{run.pk}/"
+    assert [rd.device for rd in run.run_devices.all()] == chosen
+    assert run.state == Run.State.PLANNED and run.microbatches == 4
+    assert sorted(run.plans.values_list("algorithm", flat=True)) == ["ftpipehd", "uniform"]
+
+
+@pytest.mark.parametrize(("changes", "field", "reason"), [
+    ({"name": ""}, "name", "This field may not be blank."),
+    ({"model_spec": ""}, "model_spec", "This field is required."),
+    ({"model_spec": "9999"}, "model_spec", 'Invalid pk "9999" - object does not exist.'),
+    ({"devices": None}, "devices", "This list may not be empty."),
+    ({"algorithms": None}, "algorithms", "This list may not be empty."),
+    ({"algorithms": ["ftpipehd", "nonsense"]}, "algorithms",
+     "unknown algorithm 'nonsense'; known: uniform, pipedream, ftpipehd, optimal, pipetorch, "
+     "bsp, duanwu, tapp"),
+    ({"schedule": "zigzag"}, "schedule", '"zigzag" is not a valid choice.'),
+    ({"microbatches": "0"}, "microbatches", "Ensure this value is greater than or equal to 1."),
+    ({"microbatches": "four"}, "microbatches", "must be an integer"),
+    ({"batches": ""}, "batches", "must be an integer"),
+])
+def test_a_bad_value_is_refused_next_to_its_field(browser: Client, profiled, changes, field,
+                                                  reason):
+    spec, devices = profiled
+    answer = browser.post("/runs/new/", run_form(spec, devices, **changes))
+    html = answer.content.decode()
+    assert answer.status_code == 200 and not Run.objects.exists()
+    assert field_errors(html, field) == [reason]
+    assert html.count('class="field has-error"') == 1
+    assert 'value="lab run"' in html or field == "name"  # the rest is kept
+
+
+def test_a_device_without_a_profile_is_named_next_to_the_devices(browser: Client, profiled):
+    spec, devices = profiled
+    newcomer = DeviceFactory(name="new pi")
+    answer = browser.post("/runs/new/", run_form(spec, [*devices, newcomer]))
+    assert field_errors(answer.content.decode(), "devices") == [
+        "new pi has not profiled mlp on digits, batch 32: ask it to profile the model first, "
+        "or leave them out"]
+    assert not Run.objects.exists()
+
+
+def test_a_retired_device_is_refused_by_the_service(browser: Client, profiled):
+    spec, devices = profiled
+    Device.objects.filter(pk=devices[1].pk).update(status=Device.Status.RETIRED)
+    answer = browser.post("/runs/new/", run_form(spec, devices))
+    assert field_errors(answer.content.decode(), "devices") == [
+        f"device {devices[1].pk} ({devices[1].uid}) is retired"]
+
+
+def test_the_form_shows_the_chosen_devices_first_in_their_order(browser: Client, profiled):
+    spec, devices = profiled
+    answer = browser.post("/runs/new/", run_form(spec, [devices[2], devices[1]],
+                                                 microbatches="0"))
+    ids = [int(i) for i in re.findall(r'name="devices" value="(\d+)"', answer.content.decode())]
+    assert ids == [devices[2].pk, devices[1].pk, devices[0].pk]
+
+
+# --------------------------------------------------------------------------- devices
+
+
+def test_add_device_shows_the_token_and_the_agent_commands(browser: Client):
+    answer = browser.post("/devices/", {"name": "pi kitchen", "max_uses": "2"})
+    html = answer.content.decode()
+    token = EnrollmentToken.objects.get()
+    assert token.label == "pi kitchen" and token.max_uses == 2
+    secret = re.search(r"--token (ept_[\w-]+)", html).group(1)
+    assert secret.startswith(token.prefix)
+    assert "<code>pip install -r requirements-agent.txt</code>" in html
+    assert (f"<code>python -m agent enrol --server http://testserver --token {secret} "
+            f"--name &#x27;pi kitchen&#x27;</code>") in html
+    assert "<code>python -m agent run</code>" in html
+
+
+def test_add_device_refuses_a_bad_count_next_to_it(browser: Client):
+    answer = browser.post("/devices/", {"name": "pi", "max_uses": "0"})
+    assert field_errors(answer.content.decode(), "max_uses") == [
+        "Ensure this value is greater than or equal to 1."]
+    assert not EnrollmentToken.objects.exists()
+
+
+def test_a_device_page_charts_its_profiles(browser: Client):
+    profile = LayerProfileFactory(layers=3)
+    html = browser.get(f"/devices/{profile.device.pk}/").content.decode()
+    assert '"forward_s": 0.01' in html and '"name": "l2"' in html
+    assert "mlp on digits, batch 32" in html
+
+
+def test_rename_and_retire(browser: Client):
+    device = DeviceFactory(name="old name")
+    refused = browser.post(f"/devices/{device.pk}/", {"name": ""})
+    assert field_errors(refused.content.decode(), "name") == ["This field may not be blank."]
+    renamed = browser.post(f"/devices/{device.pk}/", {"name": "new name"}, follow=True)
+    assert "Renamed to new name." in renamed.content.decode()
+    retired = browser.post(f"/devices/{device.pk}/retire/", follow=True)
+    device.refresh_from_db()
+    assert device.status == Device.Status.RETIRED and device.key_hash == ""
+    assert "is retired" in retired.content.decode()
+    assert browser.get(f"/devices/{device.pk}/retire/").status_code == 405
+
+
+def test_measured_links_are_listed(browser: Client):
+    from webapp.devices.models import DeviceLink
+
+    pi, laptop = DeviceFactory(name="pi"), DeviceFactory(name="laptop")
+    DeviceLink.objects.create(source=pi, target=laptop, bandwidth_bps=5e6, latency_s=0.004)
+    devices_page = browser.get("/devices/").content.decode()
+    assert '"source_name": "pi", "target": "' + laptop.uid in devices_page
+    html = browser.get(f"/devices/{laptop.pk}/").content.decode()
+    assert re.search(r"<td>pi</td><td>laptop</td><td class=\"num\">5 MB/s</td>"
+                     r"<td class=\"num\">4 ms</td>", html)
+
+
+def test_the_overview_counts_devices_and_runs(browser: Client):
+    DeviceFactory(status=Device.Status.BUSY)
+    DeviceFactory(status=Device.Status.OFFLINE)
+    DeviceFactory(status=Device.Status.RETIRED)
+    RunFactory(state=Run.State.RUNNING, name="the active one")
+    html = browser.get("/").content.decode()
+    assert re.search(r"Devices online</div><div class=\"value\">2<small> / 4</small>", html)
+    assert re.search(r"Active runs</div><div class=\"value\">1<", html)
+    assert "the active one" in html and "Getting started" not in html

@@ -1,0 +1,382 @@
+"""Reads for the dashboard's pages: overview counts, devices with their profiles, runs with
+their progress, a plan's simulated (planned) timeline, and the run's whole timeline and metrics
+for the exports."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from django.db.models import Count, Min, Q, QuerySet
+
+from orchestrator.cost import CostModel, build_cost_model
+from orchestrator.errors import FormatError, PlanningError
+from orchestrator.events import EVENT_KINDS, TimelineEvent
+from orchestrator.formats import Plan as PlanDocument
+from orchestrator.formats import parse_plan
+from orchestrator.partition import DESCRIPTIONS, PLANNERS, QUICK_PLANNERS
+from orchestrator.simulator import simulate
+from webapp.common.exceptions import Conflict
+from webapp.devices.models import Device, LayerProfile, ModelSpec
+from webapp.devices.selectors import (
+    device_link_list,
+    device_list,
+    layer_profile_list,
+    model_spec_list,
+)
+from webapp.runs.models import FaultEvent, MetricPoint, Plan, Run
+from webapp.runs.models import TimelineEvent as TimelineRow
+from webapp.runs.selectors import plan_best, run_list, run_planning_inputs
+from webapp.runs.states import ACTIVE, RunState
+
+RUNS_PER_PAGE = 50
+# the run-list filters: label -> states
+RUN_FILTERS: dict[str, tuple[str, ...]] = {
+    "active": (RunState.PLANNING, *sorted(ACTIVE)),
+    "planned": (RunState.DRAFT, RunState.PLANNED),
+    "finished": (RunState.FINISHED,),
+    "failed": (RunState.FAILED, RunState.CANCELLED),
+}
+# a planned Gantt on the run page: this many batches; at most this many on request
+PLANNED_BATCHES = 2
+MAX_PLANNED_BATCHES = 8
+# the live Gantt's ghosts: at most this span of run time, this many events per answer
+MAX_GHOST_SPAN_S = 600.0
+MAX_GHOST_EVENTS = 20000
+
+
+# --------------------------------------------------------------------------- overview
+
+
+def overview_counts() -> dict[str, int]:
+    """How many devices are in each status and how many runs are active."""
+    by_status = dict(Device.objects.values_list("status").annotate(n=Count("id")))
+    return {"online": by_status.get(Device.Status.ONLINE, 0),
+            "busy": by_status.get(Device.Status.BUSY, 0),
+            "offline": by_status.get(Device.Status.OFFLINE, 0),
+            "devices": sum(n for s, n in by_status.items() if s != Device.Status.RETIRED),
+            "active_runs": Run.objects.filter(state__in=RUN_FILTERS["active"]).count(),
+            "runs": Run.objects.count()}
+
+
+# --------------------------------------------------------------------------- devices
+
+
+def device_profiles(*, device: Device) -> list[dict[str, Any]]:
+    """The device's measured profiles, one per model spec: per-layer forward and backward
+    seconds (the device page's chart)."""
+    out = []
+    for profile in layer_profile_list(device_id=device.pk).order_by(
+            "model_spec__model", "model_spec__dataset", "model_spec__batch_size"):
+        spec = profile.model_spec
+        layers = profile.document.get("layers", [])
+        out.append({"id": profile.pk, "model_spec": spec.pk, "label": str(spec),
+                    "measured_at": profile.measured_at.isoformat(),
+                    "forward_s": profile.forward_s, "backward_s": profile.backward_s,
+                    "layers": [{"name": la.get("name", f"layer {i}"), "kind": la.get("kind", ""),
+                                "forward_s": la["forward_s"], "backward_s": la["backward_s"]}
+                               for i, la in enumerate(layers)]})
+    return out
+
+
+def link_rows(links: Iterable[Any]) -> list[dict[str, Any]]:
+    return [{"source": link.source.uid, "source_name": link.source.name,
+             "target": link.target.uid, "target_name": link.target.name,
+             "bandwidth_bps": link.bandwidth_bps, "latency_s": link.latency_s,
+             "measured_at": link.measured_at.isoformat()} for link in links]
+
+
+def links_all() -> list[dict[str, Any]]:
+    """Every measured link between two devices (as its source's agent measured it)."""
+    return link_rows(device_link_list().order_by("source__name", "target__name"))
+
+
+def device_links(*, device: Device) -> list[dict[str, Any]]:
+    """The measured links from and to ``device``."""
+    return link_rows(device_link_list().filter(Q(source=device) | Q(target=device))
+                     .order_by("source__name", "target__name"))
+
+
+def device_runs(*, device: Device, limit: int = 20) -> list[Run]:
+    return list(run_list(device=device).select_related("model_spec")[:limit])
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def run_page(*, state_filter: str | None) -> QuerySet[Run]:
+    """The runs of the run list, newest first, optionally one filter's states."""
+    runs = run_list().select_related("model_spec")
+    if state_filter in RUN_FILTERS:
+        runs = runs.filter(state__in=RUN_FILTERS[state_filter])
+    return runs
+
+
+def run_filter_counts() -> dict[str, int]:
+    counts = Run.objects.aggregate(
+        all=Count("id"),
+        **{name: Count("id", filter=Q(state__in=states)) for name, states in RUN_FILTERS.items()})
+    return {name: counts[name] or 0 for name in ("all", *RUN_FILTERS)}
+
+
+@dataclass(frozen=True)
+class Progress:
+    done: int
+    total: int
+    label: str
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * self.done / self.total if self.total else 0.0
+
+
+def run_progress(runs: Iterable[Run]) -> dict[int, Progress]:
+    """How far each run is: plans computed while planning; micro-batches whose backward pass
+    finished on the first stage (micro-batches are numbered through the run) while it trains;
+    everything once finished. One small query per planning or training run."""
+    out: dict[int, Progress] = {}
+    for run in runs:
+        if run.state in (RunState.PLANNING, RunState.PLANNED):
+            statuses = list(Plan.objects.filter(run=run).values_list("status", flat=True))
+            done = sum(1 for s in statuses if s in (Plan.Status.DONE, Plan.Status.FAILED))
+            out[run.pk] = Progress(done, len(statuses), f"{done}/{len(statuses)} plans")
+            continue
+        total = run.microbatches * run.batches * run.epochs
+        if run.state == RunState.FINISHED:
+            out[run.pk] = Progress(total, total, "done")
+            continue
+        if run.state not in ACTIVE and run.started_at is None:
+            continue
+        latest = (TimelineRow.objects.filter(run=run, kind="backward", stage=0)
+                  .order_by("-start").values_list("microbatch", flat=True).first())
+        done = min(total, latest + 1) if latest is not None else 0
+        out[run.pk] = Progress(done, total, f"{done}/{total} micro-batches")
+    return out
+
+
+def new_run_choices() -> dict[str, Any]:
+    """What the new-run form offers: model specs (with how many devices profiled each),
+    devices that can train (not retired; with the model specs they profiled), planners."""
+    specs = list(model_spec_list().annotate(profiled=Count("profiles")))
+    devices = list(device_list().exclude(status=Device.Status.RETIRED)
+                   .prefetch_related("profiles"))
+    return {
+        "specs": specs,
+        "devices": [{"device": d, "specs": sorted(p.model_spec_id for p in d.profiles.all())}
+                    for d in devices],
+        "planners": [{"name": name, "description": DESCRIPTIONS.get(name, ""),
+                      "quick": name in QUICK_PLANNERS} for name in PLANNERS],
+        "default_planners": list(QUICK_PLANNERS),
+    }
+
+
+def devices_without_profile(*, model_spec: ModelSpec, devices: Iterable[Device]) -> list[int]:
+    """Positions of the devices that have not profiled ``model_spec`` (planning needs them)."""
+    chosen = list(devices)
+    profiled = set(LayerProfile.objects.filter(model_spec=model_spec, device__in=chosen)
+                   .values_list("device_id", flat=True))
+    return [k for k, d in enumerate(chosen) if d.pk not in profiled]
+
+
+def run_export_plan(*, run: Run, plan_id: int | None = None) -> Plan | None:
+    """The plan to export: the given one, else the run's chosen plan, else its best."""
+    if plan_id is not None:
+        return Plan.objects.filter(run=run, pk=plan_id, document__isnull=False).first()
+    if run.chosen_plan_id is not None:
+        return Plan.objects.filter(pk=run.chosen_plan_id).first()
+    return plan_best(run=run)
+
+
+# --------------------------------------------------------------------------- planned timelines
+
+
+def _plan_model(run: Run, plan: Plan) -> tuple[CostModel, PlanDocument]:
+    """The cost model of the run's devices and the stored plan document, parsed; a Conflict
+    (409) saying why when the plan cannot be simulated now."""
+    if plan.status != Plan.Status.DONE or plan.document is None:
+        raise Conflict(f"plan {plan.pk} ({plan.algorithm}) is {plan.status}: only a computed "
+                       "plan has a planned timeline", state=plan.status,
+                       action="simulate the plan")
+    try:
+        profile, devices = run_planning_inputs(run=run)
+        parsed = parse_plan(plan.document, profile=profile, devices=devices,
+                            file=f"plan {plan.pk}")
+    except (PlanningError, FormatError) as exc:
+        raise Conflict(f"plan {plan.pk} cannot be simulated: {exc}", state=plan.status,
+                       action="simulate the plan") from None
+    return build_cost_model(profile, devices), parsed
+
+
+def _plan_rows(run: Run, parsed: PlanDocument) -> list[dict[str, Any]]:
+    names = {rd.device.uid: rd.device.name for rd in run.run_devices.all()}
+    return [{"device": uid, "label": names.get(uid, uid), "stage": k}
+            for k, stage in enumerate(parsed.stages) for uid in stage.devices]
+
+
+def _simulated(run: Run, plan: Plan, batches: int) -> tuple[CostModel, PlanDocument, Any]:
+    cm, parsed = _plan_model(run, plan)
+    try:
+        result = simulate(cm, parsed, run=run.pk, microbatches=run.microbatches * batches,
+                          schedule=run.schedule, flush_every=run.microbatches)
+    except RuntimeError as exc:  # a schedule the simulator cannot run to its end
+        raise Conflict(f"plan {plan.pk} cannot be simulated: {exc}", state=plan.status,
+                       action="simulate the plan") from None
+    return cm, parsed, result
+
+
+def plan_timeline(*, run: Run, plan: Plan, batches: int = PLANNED_BATCHES) -> dict[str, Any]:
+    """The simulator's timeline of ``batches`` batches of ``plan`` (its planned Gantt)."""
+    _, parsed, result = _simulated(run, plan, batches)
+    return {"plan": plan.pk, "algorithm": plan.algorithm, "schedule": run.schedule,
+            "batches": batches, "microbatches": run.microbatches * batches,
+            "rows": _plan_rows(run, parsed), "makespan_s": result.makespan_s,
+            "throughput_sps": result.throughput_sps,
+            "events": [e.to_json() for e in result.events]}
+
+
+def _shifted(e: TimelineEvent, dt: float, dm: int, dv: int) -> dict[str, Any]:
+    return {**e.to_json(), "start": e.start + dt, "end": e.end + dt,
+            "microbatch": e.microbatch + dm, "version": e.version + dv}
+
+
+def run_anchor_s(*, run: Run) -> float:
+    """When the run's measured pipeline began: its first timeline event (0 before any)."""
+    first = TimelineRow.objects.filter(run=run).aggregate(m=Min("start"))["m"]
+    return float(first) if first is not None else 0.0
+
+
+def plan_ghost_timeline(*, run: Run, plan: Plan, start_s: float, end_s: float
+                        ) -> dict[str, Any]:
+    """The planned events of ``plan`` between ``start_s`` and ``end_s`` of run time: what the
+    devices would be doing had they kept to the plan since the run's first measured event.
+
+    Three batches are simulated; the first is taken as simulated (pipeline fill), and the
+    second, the steady state, is repeated every batch period (the time between the first
+    forwards of batches 1 and 2) for the run's remaining batches, its micro-batches and
+    versions numbered on. So an hours-long run needs no hours-long simulation."""
+    m = run.microbatches
+    _, _, result = _simulated(run, plan, 3)
+    anchor = run_anchor_s(run=run)
+    lo, hi = start_s - anchor, end_s - anchor
+    first_forward: dict[int, TimelineEvent] = {}
+    for e in result.events:
+        if e.kind == "forward" and e.stage == 0 and e.microbatch in (m, 2 * m):
+            first_forward.setdefault(e.microbatch, e)
+    head = [e for e in result.events if e.microbatch < m]
+    template = [e for e in result.events if m <= e.microbatch < 2 * m]
+    period = first_forward[2 * m].start - first_forward[m].start
+    dv = first_forward[2 * m].version - first_forward[m].version
+    total_batches = run.batches * run.epochs
+    out = [_shifted(e, anchor, 0, 0) for e in head if e.end >= lo and e.start <= hi]
+    if template and period > 0 and total_batches > 1:
+        t_min = min(e.start for e in template)
+        t_max = max(e.end for e in template)
+        first = max(1, math.ceil((lo - t_max) / period) + 1)
+        last = min(total_batches - 1, math.floor((hi - t_min) / period) + 1)
+        for j in range(first, last + 1):
+            dt = (j - 1) * period
+            out.extend(_shifted(e, anchor + dt, (j - 1) * m, (j - 1) * dv) for e in template
+                       if e.end + dt >= lo and e.start + dt <= hi)
+            if len(out) >= MAX_GHOST_EVENTS:
+                break
+    out.sort(key=lambda e: (e["start"], e["end"], e["device"], e["kind"]))
+    return {"plan": plan.pk, "algorithm": plan.algorithm, "anchor_s": anchor,
+            "batch_period_s": period, "start_s": start_s, "end_s": end_s,
+            "truncated": len(out) > MAX_GHOST_EVENTS, "events": out[:MAX_GHOST_EVENTS]}
+
+
+# --------------------------------------------------------------------------- exports
+
+# The trace's threads: one lane per kind of event (a device's sends to two neighbours can
+# overlap, so a kind gets further lanes when its events overlap).
+TRACE_LANES = {kind: k + 1 for k, kind in enumerate(EVENT_KINDS)}
+TRACE_CHUNK = 5000
+
+
+def _us(seconds: float) -> float:
+    return round(seconds * 1e6, 3)
+
+
+class ChromeTrace:
+    """A run's timeline as Chrome trace events (the format Perfetto and chrome://tracing
+    open): an "X" complete event per timeline event (ts and dur in microseconds), one process
+    per device (pid in pipeline order, named by process_name metadata) with one thread per
+    kind of event, "i" instant events for faults and "C" counters for the metrics; run-wide
+    faults and metrics go to process 0, named after the run."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.pids: dict[str, int] = {}
+        self.names: dict[str, str] = {}
+        for rd in run.run_devices.all():
+            self.pids[rd.device.uid] = rd.position + 1
+            self.names[rd.device.uid] = rd.device.name
+        self.lanes: dict[tuple[int, str], list[float]] = {}
+        self.threads: dict[tuple[int, int], str] = {}
+        self.run_wide = False
+
+    def pid(self, device: str) -> int:
+        if not device:
+            self.run_wide = True
+            return 0
+        if device not in self.pids:
+            self.pids[device] = max(self.pids.values(), default=0) + 1
+        return self.pids[device]
+
+    def tid(self, pid: int, kind: str, start: float, end: float) -> int:
+        ends = self.lanes.setdefault((pid, kind), [])
+        lane = next((i for i, free_at in enumerate(ends) if free_at <= start), len(ends))
+        if lane == len(ends):
+            ends.append(end)
+        else:
+            ends[lane] = end
+        tid = TRACE_LANES.get(kind, len(TRACE_LANES) + 1) * 100 + lane
+        self.threads[(pid, tid)] = kind if lane == 0 else f"{kind} ({lane + 1})"
+        return tid
+
+    def events(self) -> Iterator[dict[str, Any]]:
+        rows = (TimelineRow.objects.filter(run=self.run).order_by("start", "id")
+                .values_list("device", "stage", "kind", "microbatch", "version", "start", "end",
+                             "bytes"))
+        for device, stage, kind, mb, version, start, end, size in rows.iterator(TRACE_CHUNK):
+            pid = self.pid(device)
+            yield {"name": f"{kind} {mb}", "cat": kind, "ph": "X", "ts": _us(start),
+                   "dur": _us(end - start), "pid": pid, "tid": self.tid(pid, kind, start, end),
+                   "args": {"stage": stage, "microbatch": mb, "version": version,
+                            "bytes": size}}
+        for at, kind, device, detail in (FaultEvent.objects.filter(run=self.run)
+                                         .order_by("at", "id")
+                                         .values_list("at", "kind", "device", "detail")):
+            yield {"name": kind, "cat": "fault", "ph": "i", "ts": _us(at),
+                   "pid": self.pid(device), "tid": 0, "s": "p" if device else "g",
+                   "args": detail or {}}
+        for at, kind, device, value in (MetricPoint.objects.filter(run=self.run)
+                                        .order_by("at", "id")
+                                        .values_list("at", "kind", "device", "value")
+                                        .iterator(TRACE_CHUNK)):
+            yield {"name": kind, "cat": "metric", "ph": "C", "ts": _us(at),
+                   "pid": self.pid(device), "args": {kind: value}}
+
+    def metadata(self) -> Iterator[dict[str, Any]]:
+        if self.run_wide:
+            yield {"name": "process_name", "ph": "M", "pid": 0,
+                   "args": {"name": f"run {self.run.pk}: {self.run.name}"}}
+        for uid, pid in sorted(self.pids.items(), key=lambda item: item[1]):
+            label = self.names.get(uid)
+            yield {"name": "process_name", "ph": "M", "pid": pid,
+                   "args": {"name": f"{label} ({uid})" if label else uid}}
+            yield {"name": "process_sort_index", "ph": "M", "pid": pid,
+                   "args": {"sort_index": pid}}
+        for (pid, tid), name in sorted(self.threads.items()):
+            yield {"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
+                   "args": {"name": name}}
+            yield {"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
+                   "args": {"sort_index": tid}}
+
+
+def run_metric_rows(*, run: Run) -> Iterator[tuple[float, str, str, float]]:
+    """Every metric point of the run, in time order: (at_s, kind, device, value)."""
+    return (MetricPoint.objects.filter(run=run).order_by("at", "kind", "device", "id")
+            .values_list("at", "kind", "device", "value").iterator(TRACE_CHUNK))

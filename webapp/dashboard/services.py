@@ -1,0 +1,134 @@
+"""Writes the dashboard's forms make. They validate with the REST API's own input serializers
+and call the same services, so a page and the API refuse the same input for the same reason;
+:func:`form_errors` turns the API's field paths (``devices[1]``, ``algorithms[0]``) into the
+form field each error belongs next to."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.http import QueryDict
+from rest_framework import serializers
+
+from webapp.common.errors import BODY, flatten_errors
+from webapp.common.exceptions import InvalidInput
+from webapp.dashboard.selectors import devices_without_profile
+from webapp.devices import services as device_services
+from webapp.devices.apis import DeviceDetailApi, TokenListCreateApi
+from webapp.devices.models import Device
+from webapp.runs import services as run_services
+from webapp.runs.apis import RunListCreateApi
+from webapp.runs.models import Run
+
+FormErrors = dict[str, list[str]]
+NON_FIELD = "form"
+
+
+class FormInvalid(Exception):
+    """A form's input was refused; ``errors`` maps each form field to its reasons."""
+
+    def __init__(self, errors: FormErrors) -> None:
+        super().__init__("; ".join(f"{f}: {r}" for f, rs in errors.items() for r in rs))
+        self.errors = errors
+
+
+def form_field(path: str) -> str:
+    """The form field an API field path belongs to: ``devices[1]`` -> ``devices``,
+    ``profile.layers[0]`` -> ``profile``, ``body`` -> the form as a whole."""
+    head = path.split(".", 1)[0].split("[", 1)[0]
+    return NON_FIELD if head in ("", BODY) else head
+
+
+def form_errors(errors: list[dict[str, str]]) -> FormErrors:
+    out: FormErrors = {}
+    for error in errors:
+        out.setdefault(form_field(error["field"]), []).append(error["reason"])
+    return out
+
+
+def _validated(serializer_class: type[serializers.Serializer], data: dict[str, Any]
+               ) -> dict[str, Any]:
+    serializer = serializer_class(data=data)
+    if not serializer.is_valid():
+        raise FormInvalid(form_errors(flatten_errors(serializer.errors)))
+    return dict(serializer.validated_data)
+
+
+def _number(raw: str) -> int | str:
+    """A form's number as the JSON API would get it: an integer, or the text as typed (which
+    the API's serializer then refuses, saying what it must be)."""
+    text = raw.strip()
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def _present(form: QueryDict, name: str) -> bool:
+    return bool(form.get(name, "").strip())
+
+
+def run_form_data(form: QueryDict) -> dict[str, Any]:
+    """The new-run form's fields as the body of ``POST /api/runs/``: an unchosen model spec or
+    schedule is absent (the API says it is required, or takes its default); a number field
+    left empty is refused as not a number."""
+    data: dict[str, Any] = {"name": form.get("name", "").strip(),
+                            "devices": [_number(v) for v in form.getlist("devices")],
+                            "algorithms": form.getlist("algorithms")}
+    for name in ("microbatches", "batches"):
+        if name in form:
+            data[name] = _number(form[name])
+    if _present(form, "model_spec"):
+        data["model_spec"] = _number(form["model_spec"])
+    if _present(form, "schedule"):
+        data["schedule"] = form["schedule"].strip()
+    return data
+
+
+def run_create_and_plan(*, form: QueryDict, created_by: AbstractBaseUser) -> Run:
+    """Create a run from the new-run form and queue its planning, or FormInvalid naming each
+    bad field. Every device must have profiled the model (planning needs its layer times)."""
+    data = _validated(RunListCreateApi.RunCreateInput, run_form_data(form))
+    missing = devices_without_profile(model_spec=data["model_spec"], devices=data["devices"])
+    if missing:
+        names = ", ".join(data["devices"][k].name for k in missing)
+        raise FormInvalid({"devices": [
+            f"{names} {'has' if len(missing) == 1 else 'have'} not profiled "
+            f"{data['model_spec']}: ask {'it' if len(missing) == 1 else 'them'} to profile the "
+            "model first, or leave them out"]})
+    try:
+        with transaction.atomic():
+            run = run_services.run_create(**data, created_by=created_by)
+            run_services.run_plan(run=run)
+    except InvalidInput as exc:
+        raise FormInvalid(form_errors([e.to_json() for e in exc.errors])) from None
+    return run
+
+
+def device_rename_from_form(*, device: Device, form: QueryDict) -> Device:
+    data = _validated(DeviceDetailApi.DeviceRenameInput, {"name": form.get("name", "").strip()})
+    return device_services.device_rename(device=device, **data)
+
+
+def enrolment_create(*, form: QueryDict, created_by: AbstractBaseUser, server_url: str
+                     ) -> dict[str, Any]:
+    """A new enrolment token for the Devices page's "Add device" panel, with the exact
+    commands to run on the device (the secret is shown this once)."""
+    name = form.get("name", "").strip()
+    body: dict[str, Any] = {"label": name}
+    if _present(form, "max_uses"):
+        body["max_uses"] = _number(form["max_uses"])
+    data = _validated(TokenListCreateApi.TokenCreateInput, body)
+    token, secret = device_services.enrollment_token_create(created_by=created_by, **data)
+    return {"token": token, "secret": secret, "name": name,
+            "commands": enrolment_commands(server_url=server_url, secret=secret, name=name)}
+
+
+def enrolment_commands(*, server_url: str, secret: str, name: str = "") -> list[str]:
+    enrol = f"python -m agent enrol --server {shlex.quote(server_url)} --token {secret}"
+    if name:
+        enrol += f" --name {shlex.quote(name)}"
+    return ["pip install -r requirements-agent.txt", enrol, "python -m agent run"]

@@ -1,0 +1,99 @@
+/* The live pages' state: a snapshot brought forward by deltas, exactly as the server's
+   webapp.runs.events.snapshot_apply and webapp.devices.events.snapshot_apply do it, so a page
+   that applied every delta holds what a fresh snapshot would hold (the browser tests compare
+   the two). The window rule: keep the timeline events that end within window_s of the newest
+   end, likewise the metric points by their time, and every fault. */
+(function () {
+  "use strict";
+  const EP = (window.EdgePipe = window.EdgePipe || {});
+
+  /* Python's order of the key tuples: field by field; strings by code point, numbers by
+     value (no arrays are built: a window holds tens of thousands of events). */
+  function cmp(a, b) { return a < b ? -1 : a > b ? 1 : 0; }
+  function timelineOrder(x, y) {
+    return cmp(x.start, y.start) || cmp(x.end, y.end) || cmp(x.device, y.device) ||
+      cmp(x.kind, y.kind) || cmp(x.microbatch, y.microbatch) || cmp(x.stage, y.stage);
+  }
+  function metricOrder(x, y) {
+    return cmp(x.at, y.at) || cmp(x.kind, y.kind) || cmp(x.device, y.device) || cmp(x.value, y.value);
+  }
+  function faultOrder(x, y) {
+    return cmp(x.at, y.at) || cmp(x.kind, y.kind) || cmp(x.device || "", y.device || "");
+  }
+  function planOrder(x, y) { return cmp(x.id, y.id); }
+  function deviceOrder(x, y) { return cmp(x.name, y.name) || cmp(x.id, y.id); }
+
+  /* The stable sort of old.concat(added), old being sorted already: sort the few added rows,
+     then merge, taking the old row on a tie (as a stable sort of the concatenation would). */
+  function merged(old, added, order) {
+    const fresh = added.slice().sort(order);
+    const out = new Array(old.length + fresh.length);
+    let i = 0;
+    let j = 0;
+    let k = 0;
+    while (i < old.length && j < fresh.length) {
+      out[k++] = order(fresh[j], old[i]) < 0 ? fresh[j++] : old[i++];
+    }
+    while (i < old.length) out[k++] = old[i++];
+    while (j < fresh.length) out[k++] = fresh[j++];
+    return out;
+  }
+
+  /* webapp.runs.events._windowed over old + added: the rows whose time is within windowS of
+     the newest, in order (filtering a sorted list keeps it sorted). */
+  function windowed(old, added, timeKey, order, windowS) {
+    const rows = merged(old, added, order);
+    if (!rows.length) return rows;
+    let newest = -Infinity;
+    for (const r of rows) if (r[timeKey] > newest) newest = r[timeKey];
+    const limit = newest - windowS;
+    return rows.filter(function (r) { return r[timeKey] >= limit; });
+  }
+
+  /* webapp.runs.events.snapshot_apply */
+  function applyRun(snapshot, event) {
+    switch (event.type) {
+      case "timeline":
+        return Object.assign({}, snapshot, {
+          timeline: windowed(snapshot.timeline, event.events, "end", timelineOrder, snapshot.window_s),
+        });
+      case "metrics":
+        return Object.assign({}, snapshot, {
+          metrics: windowed(snapshot.metrics, event.points, "at", metricOrder, snapshot.window_s),
+        });
+      case "faults":
+        return Object.assign({}, snapshot, { faults: merged(snapshot.faults, event.events, faultOrder) });
+      case "idle":
+        return Object.assign({}, snapshot, { idle: { window: event.window, devices: event.devices } });
+      case "run": {
+        const keep = new Set(event.run.plans);
+        return Object.assign({}, snapshot, {
+          run: event.run,
+          plans: snapshot.plans.filter(function (p) { return keep.has(p.id); }),
+        });
+      }
+      case "plan": {
+        const others = snapshot.plans.filter(function (p) { return p.id !== event.plan.id; });
+        return Object.assign({}, snapshot, { plans: merged(others, [event.plan], planOrder) });
+      }
+      default:
+        throw new Error("unknown event type " + JSON.stringify(event.type));
+    }
+  }
+
+  /* webapp.devices.events.snapshot_apply */
+  function applyDevices(snapshot, event) {
+    if (event.type === "profiling") return snapshot;  // transient: not part of the snapshot
+    if (event.type !== "device") throw new Error("unknown event type " + JSON.stringify(event.type));
+    const others = snapshot.devices.filter(function (d) { return d.id !== event.device.id; });
+    return Object.assign({}, snapshot, { devices: merged(others, [event.device], deviceOrder) });
+  }
+
+  EP.live = {
+    merged: merged,
+    windowed: windowed,
+    applyRun: applyRun,
+    applyDevices: applyDevices,
+    RUN_DELTAS: ["run", "plan", "timeline", "metrics", "faults", "idle"],
+  };
+})();

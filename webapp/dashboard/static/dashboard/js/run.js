@@ -1,0 +1,472 @@
+/* The run page: connects to ws/runs/<id>/, holds the snapshot brought forward by the deltas
+   (EdgePipe.live.applyRun, the same rule as the server), and redraws what changed at most
+   four times a second with Plotly.react. While the run is planning in the embedded setup
+   (whose in-memory channel layer does not carry the planning worker's events) it asks for a
+   snapshot every 2 s. */
+(function () {
+  "use strict";
+  const EP = window.EdgePipe;
+  const h = EP.h;
+  const fmt = EP.fmt;
+  const cfg = EP.readJSON("run-config");
+  const RENDER_EVERY_MS = 250;
+  const POLL_PLANNING_MS = 2000;
+  const ACTIVE = ["starting", "running", "recovering", "paused"];
+  const TERMINAL = ["finished", "cancelled"];
+
+  const rowIndex = {};
+  const labels = {};
+  cfg.rows.forEach(function (r, i) { rowIndex[r.device] = i; labels[r.device] = r.label; });
+
+  let snap = null;
+  const dirty = new Set();
+  const view = { span: "auto", follow: true, userRange: null };
+  const ghosts = { plan: null, lo: 0, hi: -1, events: [], loading: false, error: "" };
+  const planGantts = {}; // plan id -> "loading" | "done" | error text
+  let compareKey = "";
+
+  const $ = function (id) { return document.getElementById(id); };
+
+  /* ---------------------------------------------------------------- the live connection */
+
+  function onMessage(msg) {
+    if (msg.type === "snapshot") {
+      snap = msg;
+      EP.runPage.snapshots += 1;
+      ["run", "plans", "timeline", "metrics", "faults", "idle"].forEach(function (k) { dirty.add(k); });
+    } else if (EP.live.RUN_DELTAS.indexOf(msg.type) >= 0) {
+      if (!snap) return; // a delta before the first snapshot: the snapshot will include it
+      snap = EP.live.applyRun(snap, msg);
+      dirty.add(msg.type === "plan" ? "plans" : msg.type);
+      if (msg.type === "run") dirty.add("plans");
+    } else if (msg.type === "error") {
+      EP.toast(msg.detail, "error");
+      return;
+    } else {
+      return;
+    }
+    render();
+  }
+
+  const socket = new EP.LiveSocket(cfg.ws_path, {
+    onMessage: onMessage,
+    onStatus: EP.showConnection($("conn")),
+  });
+
+  setInterval(function () {
+    if (cfg.embedded && snap && snap.run.state === "planning") socket.send({ type: "snapshot" });
+  }, POLL_PLANNING_MS);
+
+  EP.runPage = {
+    state: function () { return snap; },
+    socket: socket,
+    renders: 0,
+    snapshots: 0,
+  };
+
+  const render = EP.throttle(function () {
+    if (!snap) return;
+    EP.runPage.renders += 1;
+    const what = new Set(dirty);
+    dirty.clear();
+    if (what.has("run")) renderRun();
+    if (what.has("plans") || what.has("run")) renderPlans();
+    if (what.has("timeline") || what.has("faults") || what.has("run")) renderGantt();
+    if (what.has("idle")) renderIdle();
+    if (what.has("metrics")) renderMetrics();
+    if (what.has("faults")) renderFaults();
+  }, RENDER_EVERY_MS);
+
+  /* ---------------------------------------------------------------- run state and controls */
+
+  const CONTROLS = {
+    plan: ["draft", "planned", "failed"],
+    start: ["planned"],
+    pause: ["running", "recovering"],
+    resume: ["paused"],
+    stop: ["draft", "planning", "planned", "starting", "running", "recovering", "paused"],
+  };
+
+  function renderRun() {
+    const run = snap.run;
+    const badge = $("run-state");
+    badge.className = "badge badge-" + run.state;
+    badge.textContent = run.state;
+    const error = $("run-error");
+    error.hidden = !run.error;
+    error.textContent = run.error ? run.error : "";
+    for (const button of document.querySelectorAll("[data-action]")) {
+      const action = button.getAttribute("data-action");
+      button.hidden = CONTROLS[action].indexOf(run.state) < 0;
+    }
+    $("plan-label").textContent = run.state === "draft" ? "Plan" : "Plan again";
+    $("export-plan").classList.toggle("disabled", !run.chosen_plan && !snap.plans.some(isUsable));
+  }
+
+  function isUsable(p) { return p.status === "done" && p.memory_ok; }
+
+  async function act(action, body) {
+    const url = cfg.urls[action === "resume" ? "start" : action];
+    const buttons = document.querySelectorAll("[data-action], [data-start-plan]");
+    buttons.forEach(function (b) { b.disabled = true; });
+    const answer = await EP.api("POST", url, body || {});
+    buttons.forEach(function (b) { b.disabled = false; });
+    if (!answer.ok) {
+      EP.toast((answer.data && answer.data.detail) || ("the server answered " + answer.status), "error");
+      return;
+    }
+    onMessage({ type: "run", run: answer.data });
+    EP.toast({ plan: "Planning started", start: "Starting the run", pause: "Paused", resume: "Resumed",
+               stop: "Stopped" }[action]);
+  }
+
+  document.addEventListener("click", function (event) {
+    const button = event.target.closest("[data-action], [data-start-plan]");
+    if (!button) return;
+    const action = button.getAttribute("data-action") || "start";
+    if (action === "stop" && !window.confirm("Stop this run? It cannot be restarted.")) return;
+    const plan = button.getAttribute("data-start-plan");
+    act(action, plan ? { plan: Number(plan) } : {});
+  });
+
+  /* ---------------------------------------------------------------- plans */
+
+  for (const kind of ["forward", "backward", "send", "recv", "aggregate"]) {
+    const swatch = h("i");
+    swatch.style.background = EP.charts.KINDS[kind].color;
+    $("kind-legend").append(h("span", null, swatch, EP.charts.KINDS[kind].label));
+  }
+
+  async function renderPlans() {
+    const plans = snap.plans;
+    $("plans-empty").hidden = plans.length > 0;
+    $("plans-body").hidden = plans.length === 0;
+    const key = JSON.stringify(plans.map(function (p) { return [p.id, p.status]; })) + snap.run.state +
+      snap.run.chosen_plan;
+    if (key === compareKey || plans.length === 0) return;
+    compareKey = key;
+    const answer = await EP.api("GET", cfg.urls.compare);
+    if (!answer.ok) {
+      $("plans-why").textContent = answer.data.detail;
+      return;
+    }
+    renderCompare(answer.data);
+  }
+
+  function cell(text, cls) { return h("td", { class: cls }, text); }
+
+  function renderCompare(compare) {
+    const byId = {};
+    snap.plans.forEach(function (p) { byId[p.id] = p; });
+    const why = $("plans-why");
+    why.hidden = !compare.reason;
+    why.textContent = compare.reason;
+    const body = $("plans-table");
+    body.replaceChildren();
+    const canStart = snap.run.state === "planned";
+    for (const row of compare.rows) {
+      const plan = byId[row.plan] || {};
+      const best = row.plan === compare.best;
+      const chosen = row.plan === snap.run.chosen_plan;
+      const tr = h("tr", { class: best ? "is-best" : "" },
+        h("td", { class: "name" }, row.algorithm, best ? h("span", { class: "tag" }, "best") : null,
+          chosen ? h("span", { class: "tag" }, "chosen") : null),
+        h("td", null, EP.badge(row.status)),
+        cell(row.stages === null ? "–" : row.stages, "num"),
+        cell(fmt.seconds(row.period_s), "num"),
+        cell(row.throughput_sps === null ? "–" : fmt.num(row.throughput_sps) + " /s", "num"),
+        cell(row.simulated_throughput_sps === null ? "–" : fmt.num(row.simulated_throughput_sps) + " /s", "num"),
+        cell(row.vs_best === null ? "–" : row.vs_best.toFixed(2) + "×", "num"),
+        cell(row.bottleneck || "–"),
+        h("td", null, row.memory_ok === null ? "–" : row.memory_ok ? h("span", { class: "badge badge-done" }, "fits")
+          : h("span", { class: "badge badge-failed" }, "too big")),
+        cell(fmt.seconds(row.planner_s), "num"),
+        h("td", { class: "num" }, canStart && row.status === "done" && row.memory_ok
+          ? h("button", { class: "btn btn-small" + (best ? " btn-primary" : ""), type: "button",
+                          "data-start-plan": row.plan }, "Start")
+          : null));
+      body.append(tr);
+      if (row.error) {
+        body.append(h("tr", null, h("td", { colspan: 11, class: "small" },
+          h("span", { class: "field-error" }, row.error))));
+      }
+      if (row.status === "done" && plan.id && !planGantts[row.plan]) loadPlanGantt(row);
+    }
+    orderPlanGantts(compare.rows);
+  }
+
+  function orderPlanGantts(rows) {
+    const box = $("plan-gantts");
+    const current = new Set(rows.map(function (r) { return String(r.plan); }));
+    for (const card of Array.from(box.children)) {
+      if (!current.has(card.getAttribute("data-plan"))) {
+        card.remove();
+        delete planGantts[card.getAttribute("data-plan")];
+      }
+    }
+    for (const row of rows) {
+      const card = box.querySelector('[data-plan="' + row.plan + '"]');
+      if (card) box.append(card);
+    }
+    $("plan-gantts-empty").hidden = box.children.length > 0;
+  }
+
+  async function loadPlanGantt(row) {
+    planGantts[row.plan] = "loading";
+    const box = $("plan-gantts");
+    const chart = h("div", { class: "chart" });
+    const card = h("div", { class: "plan-gantt", "data-plan": row.plan },
+      h("h3", null, h("span", null, row.algorithm),
+        h("span", { class: "muted small" }, "period " + fmt.seconds(row.period_s))),
+      chart);
+    box.append(card);
+    $("plan-gantts-empty").hidden = true;
+    const answer = await EP.api("GET", cfg.urls.plan_timeline.replace("{plan}", String(row.plan)));
+    if (!answer.ok) {
+      planGantts[row.plan] = answer.data.detail;
+      chart.replaceChildren(h("div", { class: "chart-empty" }, answer.data.detail));
+      return;
+    }
+    planGantts[row.plan] = "done";
+    const t = answer.data;
+    const rows = {};
+    const rowLabels = {};
+    t.rows.forEach(function (r, i) { rows[r.device] = i; rowLabels[r.device] = r.label + " · s" + r.stage; });
+    const px = EP.charts.rowHeight(t.rows.length);
+    const traces = EP.charts.ganttTraces(t.events, rows, { rowPx: px, labels: rowLabels });
+    const layout = EP.charts.ganttLayout(t.rows.map(function (r) { return { label: r.label + " · s" + r.stage }; }),
+      { height: px * t.rows.length + 60, legend: false });
+    layout.margin.b = 30;
+    layout.xaxis.title.text = t.batches + " batches · " + t.microbatches + " micro-batches · " +
+      fmt.num(t.throughput_sps) + " samples/s simulated";
+    Plotly.react(chart, traces, layout, Object.assign({}, EP.plotConfig, { displayModeBar: false }));
+  }
+
+  /* ---------------------------------------------------------------- live Gantt */
+
+  /* In "auto", the span shows the newest MAX_BARS events at most (a nice 1, 2 or 5 x 10^k
+     seconds): drawing is what holds the page's thread, and while it draws, the next deltas
+     wait. The timeline is in start order, so the MAX_BARS-th newest start bounds the span. */
+  const MAX_BARS = 1000;
+
+  function niceCeil(x) {
+    const p = Math.pow(10, Math.floor(Math.log10(x)));
+    for (const m of [1, 2, 5, 10]) if (m * p >= x) return m * p;
+    return 10 * p;
+  }
+
+  function spanSeconds(hi) {
+    if (view.span !== "auto") return Number(view.span);
+    const n = snap.timeline.length;
+    if (n <= MAX_BARS) return snap.window_s;
+    return Math.min(snap.window_s, niceCeil(Math.max(0.1, hi - snap.timeline[n - MAX_BARS].start)));
+  }
+
+  function timelineRange() {
+    let hi = 0;
+    for (const e of snap.timeline) if (e.end > hi) hi = e.end;
+    const span = spanSeconds(hi);
+    const lo = Math.max(0, hi - span);
+    return [lo, Math.max(hi, lo + Math.min(1, span))];
+  }
+
+  async function loadGhosts(lo, hi) {
+    const plan = snap.run.chosen_plan;
+    if (!plan || ghosts.loading) return;
+    if (ghosts.plan === plan && lo >= ghosts.lo && hi <= ghosts.hi) return;
+    ghosts.loading = true;
+    const from = Math.max(0, lo - 5);
+    const to = hi + 30;
+    const answer = await EP.api("GET", cfg.urls.ghost + "?start=" + from.toFixed(3) + "&end=" + to.toFixed(3));
+    ghosts.loading = false;
+    if (!answer.ok) {
+      ghosts.error = answer.data.detail;
+      ghosts.plan = plan; ghosts.lo = from; ghosts.hi = to; ghosts.events = [];
+      return;
+    }
+    Object.assign(ghosts, { plan: plan, lo: from, hi: to, events: answer.data.events, error: "" });
+    dirty.add("timeline");
+    render();
+  }
+
+  function renderGantt() {
+    const chart = $("gantt");
+    const empty = $("gantt-empty");
+    const hasData = snap.timeline.length > 0;
+    empty.hidden = hasData;
+    chart.hidden = !hasData;
+    $("gantt-tools").hidden = !hasData;
+    if (!hasData) return;
+    const range = view.follow ? timelineRange() : view.userRange;
+    loadGhosts(range[0], range[1]);
+    const px = EP.charts.rowHeight(cfg.rows.length);
+    const opts = { rowPx: px, labels: labels, xmin: range[0], xmax: range[1] };
+    const traces = EP.charts.ganttTraces(ghosts.events, rowIndex, Object.assign({ ghost: true }, opts))
+      .concat(EP.charts.ganttTraces(snap.timeline, rowIndex, opts));
+    const layout = EP.charts.ganttLayout(cfg.rows, {
+      height: px * cfg.rows.length + 90, xrange: range, uirevision: "live",
+    });
+    const marks = snap.faults.filter(function (f) { return f.at >= range[0] && f.at <= range[1]; });
+    for (const f of marks) {
+      layout.shapes.push({ type: "line", x0: f.at, x1: f.at, yref: "paper", y0: 0, y1: 1,
+                           line: { color: "#dc2626", width: 1.5, dash: "dot" } });
+    }
+    if (marks.length) {
+      traces.push({
+        type: "scatter", mode: "markers", name: "fault / control event",
+        x: marks.map(function (f) { return f.at; }),
+        y: marks.map(function () { return -0.55; }),
+        marker: { symbol: "triangle-down", size: 12, color: "#dc2626" },
+        text: marks.map(function (f) {
+          return "<b>" + f.kind + "</b>" + (f.device ? " · " + (labels[f.device] || f.device) : "") +
+            "<br>at " + f.at.toFixed(3) + " s" + (f.detail && Object.keys(f.detail).length
+              ? "<br>" + EP.esc(JSON.stringify(f.detail)) : "");
+        }),
+        hovertemplate: "%{text}<extra></extra>",
+      });
+    }
+    $("ghost-note").textContent = ghosts.error ? "planned bars unavailable: " + ghosts.error
+      : snap.run.chosen_plan ? "faint bars: the chosen plan, as simulated from the first measured event"
+        : "";
+    Plotly.react(chart, traces, layout, EP.plotConfig).then(bindGanttZoom);
+  }
+
+  let zoomBound = false;
+  function bindGanttZoom() {
+    if (zoomBound) return;
+    zoomBound = true;
+    $("gantt").on("plotly_relayout", function (ev) {
+      if (ev["xaxis.range[0]"] !== undefined) {
+        view.follow = false;
+        view.userRange = [ev["xaxis.range[0]"], ev["xaxis.range[1]"]];
+        $("follow").hidden = false;
+      } else if (ev["xaxis.autorange"]) {
+        view.follow = true;
+        $("follow").hidden = true;
+        dirty.add("timeline");
+        render();
+      }
+    });
+  }
+
+  $("follow").addEventListener("click", function () {
+    view.follow = true;
+    $("follow").hidden = true;
+    dirty.add("timeline");
+    render();
+  });
+  $("span").addEventListener("change", function (ev) {
+    view.span = ev.target.value;
+    view.follow = true;
+    $("follow").hidden = true;
+    dirty.add("timeline");
+    render();
+  });
+
+  /* ---------------------------------------------------------------- idle breakdown */
+
+  function renderIdle() {
+    const idle = snap.idle;
+    const devices = Object.keys(idle.devices);
+    $("idle-empty").hidden = devices.length > 0;
+    $("idle").hidden = devices.length === 0;
+    if (!devices.length) return;
+    const order = cfg.rows.map(function (r) { return r.device; }).filter(function (d) { return d in idle.devices; })
+      .concat(devices.filter(function (d) { return !(d in rowIndex); }));
+    const names = order.map(function (d) { return labels[d] || d; });
+    const length = Math.max(1e-9, idle.window[1] - idle.window[0]);
+    const traces = EP.charts.IDLE.map(function (part) {
+      return {
+        type: "bar", orientation: "h", name: part.label, y: names,
+        x: order.map(function (d) { return idle.devices[d][part.key]; }),
+        marker: { color: part.color },
+        customdata: order.map(function (d) { return (100 * idle.devices[d][part.key]) / length; }),
+        hovertemplate: part.label + ": %{x:.3f} s (%{customdata:.1f}%)<extra>%{y}</extra>",
+      };
+    });
+    $("idle-window").textContent = "run time " + idle.window[0].toFixed(1) + "–" + idle.window[1].toFixed(1) + " s";
+    Plotly.react($("idle"), traces, {
+      barmode: "stack", height: 70 + 34 * order.length + 40, font: EP.plotFont,
+      margin: { l: 110, r: 16, t: 6, b: 60 },
+      xaxis: { title: { text: "seconds of the window", font: { size: 11 } }, gridcolor: "#eef2f7" },
+      yaxis: { autorange: "reversed", fixedrange: true },
+      legend: { orientation: "h", y: -0.35, font: { size: 11 }, traceorder: "normal" },
+      plot_bgcolor: "#fff", paper_bgcolor: "#fff", uirevision: "idle",
+    }, EP.plotConfig);
+  }
+
+  /* ---------------------------------------------------------------- metrics */
+
+  function series(points, kind, scale) {
+    const groups = {};
+    for (const p of points) {
+      if (p.kind !== kind) continue;
+      const g = groups[p.device] || (groups[p.device] = { x: [], y: [] });
+      g.x.push(p.at);
+      g.y.push(p.value * scale);
+    }
+    return groups;
+  }
+
+  function lineTraces(groups, name, axis, dash) {
+    return Object.keys(groups).sort().map(function (device) {
+      return {
+        type: "scatter", mode: "lines", x: groups[device].x, y: groups[device].y, yaxis: axis,
+        name: device ? name + " · " + (labels[device] || device) : name,
+        line: { width: 2, dash: dash || "solid", shape: "linear" },
+        hovertemplate: "%{y:.4g}<extra>%{fullData.name}</extra>",
+      };
+    });
+  }
+
+  function metricLayout(left, right) {
+    return {
+      height: 280, font: EP.plotFont, margin: { l: 60, r: 60, t: 8, b: 70 },
+      xaxis: { title: { text: "seconds since the run started", font: { size: 11 } }, gridcolor: "#eef2f7" },
+      yaxis: { title: { text: left, font: { size: 11 } }, gridcolor: "#eef2f7", rangemode: "tozero" },
+      yaxis2: { title: { text: right, font: { size: 11 } }, overlaying: "y", side: "right", rangemode: "tozero",
+                showgrid: false },
+      legend: { orientation: "h", y: -0.3, font: { size: 11 } },
+      plot_bgcolor: "#fff", paper_bgcolor: "#fff", uirevision: left,
+    };
+  }
+
+  function renderMetrics() {
+    const points = snap.metrics;
+    const speed = lineTraces(series(points, "throughput_sps", 1), "samples/s", "y")
+      .concat(lineTraces(series(points, "network_bps", 1e-6), "network MB/s", "y2", "dot"));
+    $("throughput-empty").hidden = speed.length > 0;
+    $("throughput").hidden = speed.length === 0;
+    if (speed.length) Plotly.react($("throughput"), speed, metricLayout("samples/s", "network MB/s"), EP.plotConfig);
+    const learning = lineTraces(series(points, "loss", 1), "loss", "y")
+      .concat(lineTraces(series(points, "accuracy", 1), "accuracy", "y2", "dot"));
+    $("training-empty").hidden = learning.length > 0;
+    $("training").hidden = learning.length === 0;
+    if (learning.length) {
+      const layout = metricLayout("loss", "accuracy");
+      layout.yaxis2.range = [0, 1];
+      layout.yaxis2.tickformat = ".0%";
+      Plotly.react($("training"), learning, layout, EP.plotConfig);
+    }
+  }
+
+  /* ---------------------------------------------------------------- faults */
+
+  function renderFaults() {
+    const body = $("faults");
+    const faults = snap.faults;
+    $("faults-empty").hidden = faults.length > 0;
+    $("faults-table").hidden = faults.length === 0;
+    $("faults-count").textContent = faults.length ? faults.length + (faults.length === 1 ? " event" : " events") : "";
+    body.replaceChildren();
+    for (let i = faults.length - 1; i >= 0; i -= 1) {
+      const f = faults[i];
+      const detail = f.detail && Object.keys(f.detail).length ? JSON.stringify(f.detail) : "";
+      body.append(h("tr", null,
+        h("td", { class: "at" }, f.at.toFixed(3) + " s"),
+        h("td", { class: "kind-" + f.kind }, f.kind.replace(/_/g, " ")),
+        h("td", null, f.device ? (labels[f.device] || f.device) : "run"),
+        h("td", { class: "mono small" }, detail)));
+    }
+  }
+})();

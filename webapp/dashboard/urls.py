@@ -1,0 +1,32 @@
+"""The dashboard's pages (``urlpatterns``, at the site's root) and the data its pages fetch
+(``api_urlpatterns``, under /api/dashboard/)."""
+
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from webapp.dashboard import apis, views
+
+app_name = "dashboard"
+
+urlpatterns = [
+    path("", views.overview, name="overview"),
+    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True),
+         name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("devices/", views.devices, name="devices"),
+    path("devices/<int:device_id>/", views.device, name="device"),
+    path("devices/<int:device_id>/retire/", views.device_retire, name="device-retire"),
+    path("runs/", views.runs, name="runs"),
+    path("runs/new/", views.run_new, name="run-new"),
+    path("runs/<int:run_id>/", views.run, name="run"),
+    path("runs/<int:run_id>/export/trace.json", views.run_export_trace, name="export-trace"),
+    path("runs/<int:run_id>/export/metrics.csv", views.run_export_metrics,
+         name="export-metrics"),
+    path("runs/<int:run_id>/export/plan.json", views.run_export_plan, name="export-plan"),
+]
+
+api_urlpatterns = ([
+    path("runs/<int:run_id>/plans/<int:plan_id>/timeline/", apis.PlanTimelineApi.as_view(),
+         name="plan-timeline"),
+    path("runs/<int:run_id>/planned/", apis.RunPlannedApi.as_view(), name="run-planned"),
+], "dashboard-api")
