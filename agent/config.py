@@ -118,7 +118,7 @@ class AgentConfig:
     latency_s: float = 0.0
     threads: int | None = None  # torch threads (None: torch's default)
     heartbeat_s: float = 2.0
-    flush_s: float = 0.25  # how often events go to the server
+    flush_s: float = 0.1  # how often events go to the server (about 10 batches a second)
     max_backoff_s: float = 30.0
 
     def __post_init__(self) -> None:

@@ -3,7 +3,7 @@
 On connecting the agent says hello (its data plane's address and its hardware), measures its
 clock's offset to the server's NTP-style (the ping with the shortest round trip wins, so that
 every device's Gantt bars line up), then heartbeats, obeys commands and sends what its stages
-produce in batches a few times a second. It reconnects with exponential backoff and jitter and
+produce in batches ten times a second. It reconnects with exponential backoff and jitter and
 stops cleanly on SIGTERM; messages wait in an outbox while it is disconnected, so a short
 outage loses nothing.
 

@@ -164,6 +164,20 @@ def test_cli_errors_name_the_problem(tmp_path: Path) -> None:
         assert run_cli(command, "--help").returncode == 0
 
 
+def test_the_console_script_is_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib
+    import tomllib
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    module, _, name = scripts["edgepipe-agent"].partition(":")
+    main = getattr(importlib.import_module(module), name)
+    with pytest.raises(SystemExit) as exited:
+        main(["--help"])
+    assert exited.value.code == 0
+    shown = capsys.readouterr().out
+    assert all(command in shown for command in ("enrol", "run", "profile"))
+
+
 def test_cli_profiles_a_model(tmp_path: Path) -> None:
     out = tmp_path / "profile.json"
     result = run_cli("profile", "--model", "vgg5", "--repeats", "2", "--out", str(out))

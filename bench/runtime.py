@@ -1,0 +1,130 @@
+"""Benchmark of the pipeline runtime: real agents training real models on this machine.
+
+    .venv/bin/python bench/runtime.py [--batches 30] [--models mlp,vgg5]
+
+Starts the web server, a Celery worker and three agent processes (one emulating a device 4x
+slower than the others), then, for each model on scikit-learn's digits, trains one run per plan
+(uniform, FTPipeHD, optimal) and one on a fast device alone, and reports each run's measured
+steady-state throughput against the simulator's prediction for the same plan and length. Then
+the same with the slow agent 10x slower: the heterogeneity-aware FTPipeHD plan against the
+uniform one (FTPipeHD reports 6.8x over PipeDream in that setting).
+
+The emulated devices share this machine's processors with the server, so every agent runs at
+least BASE_SLOWDOWN times slower than the machine: each then needs at most half a core, and
+three of them do not fight over two cores, as three real devices would not (with the fast
+agents at full speed on 2 cores, pipelines reached 0.34-0.58 of the simulator's prediction).
+Prints a table per testbed and, last, one JSON line. Runs on the embedded default, in a fresh
+var directory whose path it prints (the processes' logs are in its demo/logs/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def setup_django(var_dir: str) -> None:
+    for name in ("REDIS_URL", "DATABASE_URL"):
+        os.environ.pop(name, None)
+    os.environ["EDGEPIPE_VAR_DIR"] = var_dir
+    os.environ["DJANGO_SETTINGS_MODULE"] = "webapp.settings.local"
+    os.chdir(ROOT)
+    import django
+
+    django.setup()
+
+
+def train(testbed: Any, spec: int, devices: list[dict[str, Any]], algorithm: str, *,
+          batches: int, label: str) -> dict[str, Any]:
+    compared = testbed.plan(spec, devices=devices, algorithms=[algorithm], schedule="1f1b",
+                            name=f"bench: {label}", microbatches=8, batches=batches)
+    from webapp.demo.scenario import chosen_plan
+
+    row = chosen_plan(compared, algorithm)
+    testbed.start(compared["run"], row["plan"])
+    summary: dict[str, Any] = testbed.finish(compared["run"])
+    if summary["state"] != "finished":
+        raise SystemExit(f"{label}: the run ended {summary['state']}: {summary['error']}")
+    summary["stages"] = row["stages"]
+    return summary
+
+
+BASE_SLOWDOWN = 2.0
+
+
+def testbed_section(*, slowdown: float, port: int, models: list[str], batches: int,
+                    algorithms: list[str], single: bool) -> dict[str, Any]:
+    from webapp.demo.scenario import DemoAgent, LocalTestbed
+
+    agents = [DemoAgent("rt-fast-a", slowdown=BASE_SLOWDOWN),
+              DemoAgent(f"rt-slow{slowdown:g}x", slowdown=BASE_SLOWDOWN * slowdown),
+              DemoAgent("rt-fast-c", slowdown=BASE_SLOWDOWN)]
+    out: dict[str, Any] = {}
+    print(f"\nThree agents, one {slowdown:g}x slower (MLP and VGG5 on digits, 1F1B, "
+          f"{batches} batches of 8 micro-batches of 32)")
+    header = (f"{'model':6} {'plan':10} {'stages':>6} {'measured sps':>12} "
+              f"{'simulated sps':>13} {'ratio':>6} {'period sps':>10}")
+    print(header)
+    print("-" * len(header))
+    with LocalTestbed(agents=agents, port=port, say=lambda line: print(line, file=sys.stderr)
+                      ) as testbed:
+        testbed.measure_links()
+        for model in models:
+            spec = testbed.model_spec(model=model, dataset="digits", batch_size=32)
+            runs = [(a, testbed.devices) for a in algorithms]
+            if single:
+                runs.append(("alone", testbed.devices[:1]))
+            for name, devices in runs:
+                summary = train(testbed, spec, devices, "uniform" if name == "alone" else name,
+                                batches=batches, label=f"{model} {name}")
+                measured = summary["throughput_steady_sps"]
+                simulated = summary["throughput_steady_predicted_sps"]
+                out[f"{model}/{name}"] = {
+                    "measured_sps": measured, "simulated_sps": simulated,
+                    "ratio": measured / simulated if simulated else None,
+                    "period_sps": summary["throughput_period_sps"],
+                    "stages": summary["stages"], "loss_first": summary["loss_first"],
+                    "loss_last": summary["loss_last"]}
+                print(f"{model:6} {name:10} {summary['stages']:>6} {measured:>12.1f} "
+                      f"{simulated:>13.1f} {measured / simulated:>6.2f} "
+                      f"{summary['throughput_period_sps']:>10.1f}")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, default=30)
+    parser.add_argument("--models", default="mlp,vgg5")
+    parser.add_argument("--port", type=int, default=8791)
+    args = parser.parse_args()
+    models = [m for m in args.models.split(",") if m]
+    var_dir = tempfile.mkdtemp(prefix="edgepipe-bench-")
+    print(f"state and logs in {var_dir}", file=sys.stderr)
+    setup_django(var_dir)
+    four = testbed_section(slowdown=4.0, port=args.port, models=models, batches=args.batches,
+                           algorithms=["uniform", "ftpipehd", "optimal"], single=True)
+    ten = testbed_section(slowdown=10.0, port=args.port + 1, models=models,
+                          batches=args.batches, algorithms=["uniform", "ftpipehd"],
+                          single=False)
+    ratios = [r["ratio"] for r in (*four.values(), *ten.values()) if r["ratio"]]
+    speedups = {m: ten[f"{m}/ftpipehd"]["measured_sps"] / ten[f"{m}/uniform"]["measured_sps"]
+                for m in models}
+    print("\nFTPipeHD over uniform with one device 10x slower (measured): " +
+          ", ".join(f"{m} {s:.2f}x" for m, s in speedups.items()))
+    print(f"measured / simulated: min {min(ratios):.2f}, mean {sum(ratios) / len(ratios):.2f}")
+    print(json.dumps({"bench": "runtime", "slow4": four, "slow10": ten,
+                      "ftpipehd_over_uniform_slow10": speedups,
+                      "measured_over_simulated_min": min(ratios),
+                      "measured_over_simulated_mean": sum(ratios) / len(ratios)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""A real pipeline: the web server, a Celery worker and three agent processes on this machine
+(one emulating a 4x slower device, one a slow link) enrol, profile, plan and train the MLP on
+scikit-learn's digits through `manage.py demo --headless`, on the embedded default (no Redis, no
+PostgreSQL)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+MICROBATCHES, BATCHES = 8, 40
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    var = tmp_path_factory.mktemp("pipeline")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("REDIS_URL", "DATABASE_URL", "DJANGO_SETTINGS_MODULE")}
+    env.update(EDGEPIPE_VAR_DIR=str(var), DJANGO_SETTINGS_MODULE="webapp.settings.local")
+    result = subprocess.run(
+        [sys.executable, "manage.py", "demo", "--headless", "--port", str(free_port()),
+         "--model", "mlp", "--dataset", "digits", "--plan", "ftpipehd",
+         "--microbatches", str(MICROBATCHES), "--batches", str(BATCHES)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
+                     for p in sorted((var / "demo" / "logs").glob("*.log")))
+    assert result.returncode == 0, f"{result.stdout[-2000:]}\n{result.stderr[-3000:]}\n{logs}"
+    return json.loads(result.stdout.strip().splitlines()[-1]), var / "db.sqlite3"
+
+
+def test_the_run_finishes_and_the_loss_falls(trained: tuple[dict, Path]) -> None:
+    summary, _ = trained
+    assert summary["state"] == "finished" and summary["plan"] == "ftpipehd"
+    assert summary["microbatches"] == MICROBATCHES * BATCHES
+    assert summary["batches"] == BATCHES
+    assert summary["loss_last"] < 0.5 * summary["loss_first"]
+    assert summary["accuracy"] > 0.5
+    assert len(summary["idle_s"]) == 3  # FTPipeHD uses every device
+    assert summary["throughput_measured_sps"] > 0 and summary["throughput_predicted_sps"] > 0
+
+
+def test_every_microbatch_is_forwarded_and_backwarded_once_per_stage(
+        trained: tuple[dict, Path]) -> None:
+    _, database = trained
+    db = sqlite3.connect(database)
+    rows = db.execute("SELECT stage, kind, microbatch, COUNT(*) FROM runs_timelineevent "
+                      "WHERE kind IN ('forward', 'backward') GROUP BY stage, kind, microbatch"
+                      ).fetchall()
+    total = MICROBATCHES * BATCHES
+    for stage in range(3):
+        for kind in ("forward", "backward"):
+            done = sorted(m for s, k, m, _ in rows if s == stage and k == kind)
+            assert done == list(range(total)), (stage, kind)
+    assert {count for *_, count in rows} == {1}
+    # each stage runs on one device, and transfers were recorded on both ends
+    devices = db.execute("SELECT stage, COUNT(DISTINCT device) FROM runs_timelineevent "
+                         "WHERE kind = 'forward' GROUP BY stage").fetchall()
+    assert devices == [(0, 1), (1, 1), (2, 1)]
+    sends, recvs = (db.execute("SELECT COUNT(*) FROM runs_timelineevent WHERE kind = ?",
+                               (kind,)).fetchone()[0] for kind in ("send", "recv"))
+    assert sends >= 4 * total and recvs >= 4 * total  # activations, gradients (and labels)
+
+
+def test_metrics_and_control_events_are_stored(trained: tuple[dict, Path]) -> None:
+    _, database = trained
+    db = sqlite3.connect(database)
+    kinds = dict(db.execute("SELECT kind, COUNT(*) FROM runs_metricpoint GROUP BY kind"))
+    assert kinds["loss"] == kinds["accuracy"] == MICROBATCHES * BATCHES
+    assert kinds["throughput_sps"] >= 1 and kinds["network_bps"] >= 3
+    faults = [k for (k,) in db.execute("SELECT kind FROM runs_faultevent ORDER BY at, id")]
+    assert faults == ["run_started", "run_finished"]
+    states = dict(db.execute("SELECT stage_state, COUNT(*) FROM runs_rundevice "
+                             "GROUP BY stage_state"))
+    assert states == {"done": 3}

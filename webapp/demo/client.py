@@ -1,0 +1,72 @@
+"""The demo's REST client: logs in like a browser (Django session + CSRF) and turns every
+answer that is not a success into a DemoError that names the request and the server's reason."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+
+class DemoError(RuntimeError):
+    """The demo cannot go on; the message says where and why."""
+
+
+class ApiClient:
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.http = httpx.Client(base_url=self.base_url, timeout=30, follow_redirects=False)
+
+    def wait_until_up(self, *, timeout_s: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if self.http.get("/api-auth/login/").status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise DemoError(f"the web server did not answer on {self.base_url} within "
+                        f"{timeout_s:.0f} s")
+
+    def login(self, username: str, password: str) -> None:
+        self.http.get("/api-auth/login/")
+        csrf = self.http.cookies.get("csrftoken", "")
+        answer = self.http.post("/api-auth/login/", data={
+            "username": username, "password": password, "csrfmiddlewaretoken": csrf,
+            "next": "/api/"}, headers={"Referer": f"{self.base_url}/api-auth/login/"})
+        if answer.status_code != 302 or "sessionid" not in self.http.cookies:
+            raise DemoError(f"logging in as {username} failed ({answer.status_code})")
+
+    def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        headers = {"X-CSRFToken": self.http.cookies.get("csrftoken", ""),
+                   "Referer": f"{self.base_url}/"}
+        answer = self.http.request(method, path, json=body, headers=headers)
+        if answer.status_code >= 400:
+            try:
+                detail = answer.json().get("detail", answer.text)
+            except ValueError:
+                detail = answer.text[:300]
+            raise DemoError(f"{method} {path} answered {answer.status_code}: {detail}")
+        return answer.json() if answer.content else None
+
+    def get(self, path: str) -> Any:
+        return self.request("GET", path)
+
+    def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        return self.request("POST", path, body or {})
+
+
+def wait_for(condition: Callable[[], Any], *, timeout_s: float, what: str,
+             every_s: float = 0.5) -> Any:
+    """Poll ``condition`` until it returns something truthy; DemoError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise DemoError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(every_s)

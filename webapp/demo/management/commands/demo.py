@@ -1,0 +1,59 @@
+"""``python manage.py demo``: the whole product on one laptop (see webapp.demo.scenario)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from webapp.demo.client import DemoError
+from webapp.demo.scenario import DEFAULT_ALGORITHMS, DemoOptions, run_demo
+
+
+class Command(BaseCommand):
+    help = ("Start the web server, a planning worker and local agents emulating a "
+            "heterogeneous testbed, plan a run with several planners and train it. "
+            "--headless runs to the end and prints a JSON summary as the last line.")
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--model", default="vgg5", help="zoo model (default vgg5)")
+        parser.add_argument("--dataset", default="synthetic-cifar",
+                            help="digits, synthetic-cifar or npz:PATH (default synthetic-cifar)")
+        parser.add_argument("--batch-size", type=int, default=32)
+        parser.add_argument("--microbatches", type=int, default=8,
+                            help="micro-batches per batch (default 8)")
+        parser.add_argument("--batches", type=int, default=100,
+                            help="batches to train (default 100)")
+        parser.add_argument("--schedule", choices=["1f1b", "gpipe"], default="1f1b")
+        parser.add_argument("--algorithms", default=",".join(DEFAULT_ALGORITHMS),
+                            help="planners to compare (comma-separated)")
+        parser.add_argument("--plan", default="ftpipehd",
+                            help="which plan to train: a planner's name, or best (default "
+                                 "ftpipehd: every device in order, so every row of the Gantt "
+                                 "fills)")
+        parser.add_argument("--headless", action="store_true",
+                            help="run to the end without a browser; print a JSON summary")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+        demo_options = DemoOptions(
+            host=options["host"], port=options["port"], model=options["model"],
+            dataset=options["dataset"], batch_size=options["batch_size"],
+            microbatches=options["microbatches"], batches=options["batches"],
+            schedule=options["schedule"],
+            algorithms=tuple(a.strip() for a in options["algorithms"].split(",") if a.strip()),
+            plan=options["plan"], headless=options["headless"])
+        try:
+            summary = run_demo(demo_options, say=lambda line: self.stdout.write(line))
+        except DemoError as exc:
+            raise CommandError(str(exc)) from None
+        except KeyboardInterrupt:
+            self.stdout.write("demo stopped")
+            return
+        if summary is not None:
+            self.stdout.write(json.dumps(summary))

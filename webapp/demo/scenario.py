@@ -1,0 +1,310 @@
+"""A local testbed and the demo on it (USER_JOURNEYS.md, journey 1).
+
+:class:`LocalTestbed` starts the real parts on this machine: the web server (daphne), a Celery
+worker and a few `python -m agent run` processes emulating a heterogeneous testbed (slower
+compute, slower links). It drives the server through its REST API like a browser would (in the
+embedded setup only the web process can reach the agents' connections): the agents enrol with a
+token, profile the model on command, runs are planned on the worker, started and watched. The
+demo, the runtime benchmark and the integration tests all use it.
+
+Agents keep their enrolment under ``<var>/demo/agents/``, so the next testbed with the same
+agent names reuses the same devices.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from webapp.demo.client import ApiClient, DemoError, wait_for
+from webapp.demo.processes import ProcessGroup
+from webapp.devices import services as device_services
+from webapp.runs.models import Run
+from webapp.runs.selectors import run_summary
+
+FINAL_STATES = (Run.State.FINISHED, Run.State.FAILED, Run.State.CANCELLED)
+
+
+@dataclass(frozen=True)
+class DemoAgent:
+    """A local agent and the device it emulates."""
+
+    name: str
+    slowdown: float = 1.0
+    bandwidth_mbps: float | None = None
+    latency_ms: float = 0.0
+
+    def describe(self) -> str:
+        parts = [f"{self.slowdown:g}x slower" if self.slowdown > 1 else "fast"]
+        if self.bandwidth_mbps is not None:
+            parts.append(f"{self.bandwidth_mbps:g} Mbit/s link, {self.latency_ms:g} ms")
+        return ", ".join(parts)
+
+
+DEFAULT_AGENTS = (DemoAgent("demo-fast"), DemoAgent("demo-slow", slowdown=4.0),
+                  DemoAgent("demo-slowlink", bandwidth_mbps=20.0, latency_ms=5.0))
+DEFAULT_ALGORITHMS = ("ftpipehd", "optimal", "pipedream", "uniform", "pipetorch")
+
+
+def ensure_demo_admin(*, username: str = "admin", email: str = "admin@localhost") -> str:
+    """Create the demo superuser, or give it a new password; returns the password."""
+    password = secrets.token_urlsafe(12)
+    user, _ = get_user_model().objects.get_or_create(username=username,
+                                                     defaults={"email": email})
+    user.is_staff = user.is_superuser = user.is_active = True
+    user.set_password(password)
+    user.save()
+    return password
+
+
+class LocalTestbed:
+    """The web server, a planning worker and local agents, for as long as the ``with`` lasts."""
+
+    def __init__(self, *, agents: Sequence[DemoAgent] = DEFAULT_AGENTS,
+                 host: str = "127.0.0.1", port: int = 8000,
+                 say: Callable[[str], None] = print) -> None:
+        self.agents = tuple(agents)
+        self.url = f"http://{host}:{port}"
+        self.host, self.port, self.say = host, port, say
+        self.dir = Path(settings.VAR_DIR) / "demo"
+        self.processes = ProcessGroup(log_dir=self.dir / "logs")
+        self.api = ApiClient(self.url)
+        self.username = "admin"
+        self.password = ""
+        self.devices: list[dict[str, Any]] = []
+
+    def __enter__(self) -> LocalTestbed:
+        call_command("migrate", interactive=False, verbosity=0)
+        self.password = ensure_demo_admin(username=self.username)
+        try:
+            self._start_servers()
+            self.api.login(self.username, self.password)
+            self.say("starting agents: " + "; ".join(f"{a.name} ({a.describe()})"
+                                                      for a in self.agents))
+            self.devices = self._devices_online(self._start_agents())
+        except BaseException:
+            self.processes.stop_all()
+            raise
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.processes.stop_all()
+
+    # ---- processes
+
+    def _start_servers(self) -> None:
+        python = sys.executable
+        self.processes.start("web", [python, "-m", "daphne", "-b", self.host, "-p",
+                                     str(self.port), "webapp.asgi:application"])
+        self.processes.start("worker", [python, "-m", "celery", "-A", "webapp", "worker",
+                                        "--beat", "--loglevel", "INFO", "--concurrency", "1",
+                                        "--schedule", settings.CELERY_BEAT_SCHEDULE_FILENAME])
+        self.api.wait_until_up()
+
+    def agent_config(self, agent: DemoAgent) -> Path:
+        return self.dir / "agents" / f"{agent.name}.json"
+
+    def agent_process(self, agent: DemoAgent) -> str:
+        return f"agent-{agent.name}"
+
+    def _start_agents(self) -> list[str]:
+        """Start every agent (enrolling those without an enrolment); returns their uids."""
+        missing = [a for a in self.agents if not self.agent_config(a).exists()]
+        token = None
+        if missing:
+            admin = get_user_model().objects.get(username=self.username)
+            _, token = device_services.enrollment_token_create(
+                created_by=admin, label="local testbed agents", max_uses=len(missing))
+        for agent in self.agents:
+            command = [sys.executable, "-m", "agent", "run", "--config",
+                       str(self.agent_config(agent)), "--server", self.url,
+                       "--name", agent.name, "--threads", "1",
+                       "--slowdown", str(agent.slowdown), "--latency-ms", str(agent.latency_ms)]
+            if token is not None and agent in missing:
+                command += ["--token", token]
+            if agent.bandwidth_mbps is not None:
+                command += ["--bandwidth-mbps", str(agent.bandwidth_mbps)]
+            self.processes.start(self.agent_process(agent), command)
+        return [wait_for(lambda a=a: self._enrolled_uid(a), timeout_s=60,
+                         what=f"agent {a.name} to enrol") for a in self.agents]
+
+    def _enrolled_uid(self, agent: DemoAgent) -> str | None:
+        self.check_children()
+        try:
+            return str(json.loads(self.agent_config(agent).read_text())["uid"])
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def check_children(self) -> None:
+        exited = self.processes.exited()
+        if exited is not None:
+            raise DemoError(f"{exited.name} stopped unexpectedly; its log ends with:\n"
+                            f"{self.processes.tail(exited.name)}")
+
+    def _devices_online(self, uids: Sequence[str]) -> list[dict[str, Any]]:
+        """The agents' devices once each has sent a heartbeat to this server (a status left
+        from an earlier server is not enough)."""
+        since = timezone.now()
+
+        def online() -> list[dict[str, Any]] | None:
+            self.check_children()
+            by_uid = {d["uid"]: d for d in self.api.get("/api/devices/")}
+            ready = [by_uid.get(uid) for uid in uids]
+            if all(d is not None and d["status"] in ("online", "busy")
+                   and d["last_heartbeat_at"] is not None
+                   and parse_datetime(d["last_heartbeat_at"]) > since for d in ready):
+                return [d for d in ready if d is not None]
+            return None
+
+        found: list[dict[str, Any]] = wait_for(online, timeout_s=90,
+                                               what="the agents to connect")
+        return found
+
+    # ---- what a user does
+
+    def measure_links(self, devices: Sequence[dict[str, Any]] | None = None) -> list[Any]:
+        """Have the agents measure the links among them; the measured links."""
+        chosen = list(devices or self.devices)
+        started = timezone.now()
+        asked = self.api.post("/api/links/", {"devices": [d["id"] for d in chosen]})["devices"]
+        pairs = len(asked) * (len(asked) - 1)
+
+        def measured() -> list[Any] | None:
+            self.check_children()
+            links = [li for li in self.api.get("/api/links/")
+                     if li["source"] in asked and li["target"] in asked
+                     and parse_datetime(li["measured_at"]) > started]
+            return links if len(links) >= pairs else None
+
+        found: list[Any] = wait_for(measured, timeout_s=120, what="the links to be measured")
+        return found
+
+    def model_spec(self, *, model: str, dataset: str, batch_size: int,
+                   devices: Sequence[dict[str, Any]] | None = None) -> int:
+        """The model spec, with a profile from every device (asking those that lack one). The
+        emulated devices share this machine's processors, so they profile one at a time, each
+        measured alone as it would be on its own hardware."""
+        spec = int(self.api.post("/api/model-specs/", {
+            "model": model, "dataset": dataset, "batch_size": batch_size})["id"])
+        for device in devices or self.devices:
+            query = f"/api/profiles/?device={device['id']}&model_spec={spec}"
+            if self.api.get(query):
+                continue
+            self.say(f"  {device['name']} profiles {model} ...")
+            self.api.post(f"/api/devices/{device['id']}/profile/", {"model_spec": spec})
+            wait_for(lambda q=query: self.check_children() or self.api.get(q), timeout_s=300,
+                     what=f"{device['name']}'s profile of {model}")
+        return spec
+
+    def plan(self, spec: int, *, devices: Sequence[dict[str, Any]], name: str,
+             algorithms: Sequence[str], schedule: str, microbatches: int,
+             batches: int) -> dict[str, Any]:
+        """Create a run and plan it with every algorithm; returns the plans' comparison."""
+        run = self.api.post("/api/runs/", {
+            "name": name, "model_spec": spec, "devices": [d["id"] for d in devices],
+            "algorithms": list(algorithms), "schedule": schedule,
+            "microbatches": microbatches, "batches": batches, "epochs": 1})
+        self.api.post(f"/api/runs/{run['id']}/plan/")
+        planned = self.wait_state(run["id"], (Run.State.PLANNED, Run.State.FAILED), 300)
+        if planned["state"] != Run.State.PLANNED:
+            raise DemoError(f"planning failed: {planned['error']}")
+        compared: dict[str, Any] = self.api.get(f"/api/runs/{run['id']}/plans/compare/")
+        compared["run"] = run["id"]
+        return compared
+
+    def start(self, run_id: int, plan_id: int | None = None) -> dict[str, Any]:
+        self.api.post(f"/api/runs/{run_id}/start/", {} if plan_id is None else {"plan": plan_id})
+        started: dict[str, Any] = self.wait_state(run_id, (Run.State.RUNNING, *FINAL_STATES), 120)
+        if started["state"] != Run.State.RUNNING:
+            raise DemoError(f"run {run_id} did not start: {started['error']}")
+        return started
+
+    def finish(self, run_id: int, *, timeout_s: float = 900.0) -> dict[str, Any]:
+        """Wait for the run to end; its summary (runs.selectors.run_summary)."""
+        final = self.wait_state(run_id, FINAL_STATES, timeout_s)
+        return run_summary(run=Run.objects.get(pk=final["id"]))
+
+    def wait_state(self, run_id: int, states: Sequence[str], timeout_s: float) -> Any:
+        def reached() -> Any:
+            self.check_children()
+            run = self.api.get(f"/api/runs/{run_id}/")
+            return run if run["state"] in states else None
+
+        return wait_for(reached, timeout_s=timeout_s,
+                        what=f"run {run_id} to become {' or '.join(states)}")
+
+
+def chosen_plan(compared: dict[str, Any], plan: str) -> dict[str, Any]:
+    """The comparison's row of ``plan`` ("best" or an algorithm), refusing one that does not
+    fit in memory."""
+    rows = compared["rows"]
+    row = (next((r for r in rows if r["plan"] == compared["best"]), None) if plan == "best"
+           else next((r for r in rows if r["algorithm"] == plan), None))
+    if row is None:
+        raise DemoError(f"no {plan} plan among {', '.join(r['algorithm'] for r in rows)}")
+    if not row["memory_ok"] or row["status"] != "done":
+        why = row["error"] or "it does not fit in memory"
+        raise DemoError(f"the {row['algorithm']} plan cannot run: {why}")
+    return dict(row)
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model: str = "vgg5"
+    dataset: str = "synthetic-cifar"
+    batch_size: int = 32
+    microbatches: int = 8
+    batches: int = 100
+    schedule: str = "1f1b"
+    algorithms: tuple[str, ...] = DEFAULT_ALGORITHMS
+    plan: str = "ftpipehd"
+    agents: tuple[DemoAgent, ...] = DEFAULT_AGENTS
+    headless: bool = False
+    run_timeout_s: float = 900.0
+
+
+def run_demo(options: DemoOptions, *, say: Callable[[str], None] = print
+             ) -> dict[str, Any] | None:
+    """The demo: the testbed, a model profiled on it, every planner's plan compared, one plan
+    trained. Headless, it returns the run's summary; otherwise it runs until interrupted."""
+    o = options
+    with LocalTestbed(agents=o.agents, host=o.host, port=o.port, say=say) as testbed:
+        say(f"EdgePipe demo on {testbed.url}/ (log in as {testbed.username} / "
+            f"{testbed.password})")
+        links = testbed.measure_links()
+        say(f"{len(testbed.devices)} devices online, {len(links)} links measured; profiling "
+            f"{o.model} on {o.dataset}")
+        spec = testbed.model_spec(model=o.model, dataset=o.dataset, batch_size=o.batch_size)
+        say(f"planning with {', '.join(o.algorithms)}")
+        compared = testbed.plan(
+            spec, devices=testbed.devices, algorithms=o.algorithms, schedule=o.schedule,
+            name=f"demo: {o.model} on {o.dataset} over {len(testbed.devices)} devices",
+            microbatches=o.microbatches, batches=o.batches)
+        say(f"  {compared['reason']}")
+        row = chosen_plan(compared, o.plan)
+        say(f"starting the {row['algorithm']} plan ({row['stages']} stages, predicted "
+            f"{row['throughput_sps']:.4g} samples/s)")
+        testbed.start(compared["run"], row["plan"])
+        say(f"training: open {testbed.url}/runs/{compared['run']}/ to watch it live")
+        if o.headless:
+            return testbed.finish(compared["run"], timeout_s=o.run_timeout_s)
+        say("Ctrl-C stops the demo")
+        while True:
+            testbed.check_children()
+            time.sleep(1.0)
