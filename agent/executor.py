@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from agent.data import Dataset
+from agent.emulation import Slowdown
 from agent.transport import DataPlane, Message, encode
 from orchestrator.events import TimelineEvent
 from orchestrator.schedule import Action, Schedule, build_schedule
@@ -195,6 +196,7 @@ class StageExecutor:
         self.on_event = on_event or (lambda e: None)
         self.on_metric = on_metric or (lambda m: None)
         self.slowdown = slowdown
+        self.emulation = Slowdown(slowdown)
         self.stop = stop or threading.Event()
         # cleared while the run is paused: the stage finishes its current action, then waits
         self.running = running or threading.Event()
@@ -257,8 +259,7 @@ class StageExecutor:
         start = self.clock.now()
         begun = time.perf_counter()
         out = work()
-        if self.slowdown > 1.0:
-            time.sleep((time.perf_counter() - begun) * (self.slowdown - 1.0))
+        self.emulation.after(time.perf_counter() - begun)
         self.on_event(TimelineEvent(self.spec.run, self.spec.device, self.spec.stage, kind,
                                     microbatch, version, start, self.clock.now()))
         return out

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import platform
 import random
@@ -56,6 +57,7 @@ log = logging.getLogger("edgepipe.agent")
 Message = dict[str, Any]
 
 DEPLOYMENT_TTL_S = 300.0  # a deployed stage whose start does not come is dropped after this
+PROGRESS_EVERY_S = 0.5  # profiling progress goes to the server at most this often
 
 
 def hardware_description() -> dict[str, Any]:
@@ -243,7 +245,15 @@ class AgentRuntime:
                             num_classes=data.num_classes)
 
         def work() -> None:
+            last = [-math.inf]
+
             def progress(done: int, total: int) -> None:
+                # a step per layer, then one per timed sweep (hundreds for a small model):
+                # the server hears of them at most every PROGRESS_EVERY_S, and of the last
+                now = time.monotonic()
+                if done < total and now - last[0] < PROGRESS_EVERY_S:
+                    return
+                last[0] = now
                 self.post({"type": "profile_progress", "model": model_name, "done": done,
                            "total": total})
 

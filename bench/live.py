@@ -269,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
                 print(f"{rate:>8.0f} {row['emitted']:>8} {row['delivered']:>9} "
                       f"{row['lost']:>6} {row['p50_ms']:>8} {row['p95_ms']:>8} "
-                      f"{row['max_ms']:>8} {row['draws']:>6} {row['draw_ms_mean'] or 0:>8}", flush=True)
+                      f"{row['max_ms']:>8} {row['draws']:>6} {row['draw_ms_mean'] or 0:>8}",
+                      flush=True)
             browser.close()
     finally:
         for a in agents:

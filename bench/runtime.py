@@ -1,6 +1,6 @@
 """Benchmark of the pipeline runtime: real agents training real models on this machine.
 
-    .venv/bin/python bench/runtime.py [--batches 30] [--models mlp,vgg5]
+    .venv/bin/python bench/runtime.py [--batches N] [--models mlp,vgg5]
 
 Starts the web server, a Celery worker and three agent processes (one emulating a device 4x
 slower than the others), then, for each model on scikit-learn's digits, trains one run per plan
@@ -60,7 +60,10 @@ def train(testbed: Any, spec: int, devices: list[dict[str, Any]], algorithm: str
 BASE_SLOWDOWN = 2.0
 
 
-def testbed_section(*, slowdown: float, port: int, models: list[str], batches: int,
+DEFAULT_BATCHES = {"mlp": 150, "vgg5": 40}
+
+
+def testbed_section(*, slowdown: float, port: int, models: list[str], batches: int | None,
                     algorithms: list[str], single: bool) -> dict[str, Any]:
     from webapp.demo.scenario import DemoAgent, LocalTestbed
 
@@ -68,8 +71,9 @@ def testbed_section(*, slowdown: float, port: int, models: list[str], batches: i
               DemoAgent(f"rt-slow{slowdown:g}x", slowdown=BASE_SLOWDOWN * slowdown),
               DemoAgent("rt-fast-c", slowdown=BASE_SLOWDOWN)]
     out: dict[str, Any] = {}
-    print(f"\nThree agents, one {slowdown:g}x slower (MLP and VGG5 on digits, 1F1B, "
-          f"{batches} batches of 8 micro-batches of 32)")
+    counts = {m: batches or DEFAULT_BATCHES.get(m, 40) for m in models}
+    print(f"\nThree agents, one {slowdown:g}x slower (on digits, 1F1B, batches of 8 "
+          f"micro-batches of 32: " + ", ".join(f"{m} {n}" for m, n in counts.items()) + ")")
     header = (f"{'model':6} {'plan':10} {'stages':>6} {'measured sps':>12} "
               f"{'simulated sps':>13} {'ratio':>6} {'period sps':>10}")
     print(header)
@@ -84,7 +88,7 @@ def testbed_section(*, slowdown: float, port: int, models: list[str], batches: i
                 runs.append(("alone", testbed.devices[:1]))
             for name, devices in runs:
                 summary = train(testbed, spec, devices, "uniform" if name == "alone" else name,
-                                batches=batches, label=f"{model} {name}")
+                                batches=counts[model], label=f"{model} {name}")
                 measured = summary["throughput_steady_sps"]
                 simulated = summary["throughput_steady_predicted_sps"]
                 out[f"{model}/{name}"] = {
@@ -101,7 +105,10 @@ def testbed_section(*, slowdown: float, port: int, models: list[str], batches: i
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", type=int, default=30)
+    parser.add_argument("--batches", type=int, default=None,
+                        help="batches per run (default: mlp 150, vgg5 40, a few seconds of "
+                             "steady state each; the steady-state rate of a shorter run is "
+                             "mostly noise)")
     parser.add_argument("--models", default="mlp,vgg5")
     parser.add_argument("--port", type=int, default=8791)
     args = parser.parse_args()

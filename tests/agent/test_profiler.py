@@ -17,7 +17,10 @@ def test_profile_of_the_mlp_on_digits() -> None:
     profile = profile_model(model, batch_size=16, reference="ci", dataset="digits", repeats=3,
                             progress=False, on_layer=lambda done, total: seen.append((done, total)))
     assert parse_profile(profile.to_json()) == profile
-    assert seen == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    # a step per layer sized, then one per timed sweep, to the end
+    assert seen[:4] == [(1, 7), (2, 7), (3, 7), (4, 7)]
+    assert [d for d, _ in seen] == list(range(1, len(seen) + 1)) and len(seen) > 7
+    assert seen[-1][0] == seen[-1][1]
     fc1 = profile.layers[0]
     assert fc1.output_bytes == 16 * 256 * 4
     assert fc1.param_bytes == (64 * 256 + 256) * 4
@@ -32,6 +35,7 @@ def test_slowdown_scales_the_times(monkeypatch: pytest.MonkeyPatch) -> None:
     ticks = itertools.count()
     monkeypatch.setattr("agent.profiler.time.perf_counter", lambda: next(ticks) * 1e-3)
     monkeypatch.setattr("agent.profiler.optimizer_call_s", lambda: 0.4e-3)
+    monkeypatch.setattr("agent.emulation.time.sleep", lambda seconds: None)
     model = build_model("vgg5", input_shape=(1, 8, 8), num_classes=10)
     fast = profile_model(model, batch_size=4, reference="ci", repeats=3, progress=False)
     slow = profile_model(model, batch_size=4, reference="ci", repeats=3, progress=False,
@@ -42,3 +46,23 @@ def test_slowdown_scales_the_times(monkeypatch: pytest.MonkeyPatch) -> None:
         assert a.backward_s == pytest.approx(0.6e-3 if has_params else 1e-3)
         assert b.forward_s == pytest.approx(10 * a.forward_s)
         assert b.backward_s == pytest.approx(10 * a.backward_s)
+
+
+def test_an_emulated_slowdown_settles_what_sleep_overshoots(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from agent.emulation import Slowdown
+
+    # a sleep that always wakes 0.2 ms late: the next waits are shortened by what it overslept
+    now = [0.0]
+    monkeypatch.setattr("agent.emulation.time.perf_counter", lambda: now[0])
+
+    def late_sleep(seconds: float) -> None:
+        now[0] += seconds + 2e-4
+
+    monkeypatch.setattr("agent.emulation.time.sleep", late_sleep)
+    emulation = Slowdown(2.0)
+    for _ in range(1000):
+        emulation.after(1e-4)  # 0.1 ms of work: 0.1 ms more to wait, each time
+    assert now[0] == pytest.approx(1000 * 1e-4, abs=3e-4)  # not 1000 * 0.3 ms
+    with pytest.raises(ValueError, match="at least 1"):
+        Slowdown(0.5)

@@ -231,7 +231,8 @@
       }, 3000);
       onProfiling = function (msg) {
         if (msg.state === "running") {
-          waiting.textContent = "Profiling " + msg.model + ": " + msg.done + " of " + msg.total + " layers done.";
+          const percent = msg.total > 0 ? Math.floor((100 * msg.done) / msg.total) : 0;
+          waiting.textContent = "Profiling " + msg.model + ": " + percent + "% done.";
         } else if (msg.state === "stored") {
           clearInterval(poll);
           window.location.reload();
