@@ -1,16 +1,19 @@
-"""URLs: the dashboard's pages at the root (login, devices, runs), the REST API under /api/
-(users) and /api/agent/ (devices), the data the pages fetch under /api/dashboard/, the OpenAPI
-schema and documentation page (Swagger UI from drf-spectacular-sidecar: no CDN), the admin, and
-the browsable API's session login."""
+"""URLs: the dashboard's pages at the root (login, devices, runs), split learning's pages under
+/split/, the REST API under /api/ (users; split learning under /api/split/) and /api/agent/
+(devices), the data the pages fetch under /api/dashboard/, the OpenAPI schema and documentation
+page (Swagger UI from drf-spectacular-sidecar: no CDN), the admin, and the browsable API's
+session login."""
 
 from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from webapp.dashboard.urls import api_urlpatterns as dashboard_api_urlpatterns
+from webapp.split.urls import api_urlpatterns as split_api_urlpatterns
 
 urlpatterns = [
     path("", include("webapp.dashboard.urls")),
+    path("split/", include("webapp.split.urls")),
     path("admin/", admin.site.urls),
     path("api-auth/", include("rest_framework.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
@@ -18,6 +21,7 @@ urlpatterns = [
     path("api/dashboard/", include(dashboard_api_urlpatterns)),
     path("api/", include("webapp.devices.urls")),
     path("api/", include("webapp.runs.urls")),
+    path("api/split/", include(split_api_urlpatterns)),
 ]
 
 handler400 = "webapp.common.views.bad_request"

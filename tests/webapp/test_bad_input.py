@@ -94,6 +94,13 @@ def run_start(api: APIClient) -> Endpoint:
                     200)
 
 
+def split_study_create(api: APIClient) -> Endpoint:
+    return Endpoint(api, "post", "/api/split/studies/", {
+        "name": "s", "file": "data/sl/resnet101_mnist.jsonl", "index": 0,
+        "methods": ["balanced-greedy", "auto"], "time_limit_s": 2.0, "switch_slots": 1,
+        "seed": 3}, 201)
+
+
 def run_events(api: APIClient) -> Endpoint:
     device = DeviceFactory()
     run = RunFactory(state=Run.State.RUNNING, devices=[device])
@@ -109,7 +116,7 @@ ENDPOINTS: dict[str, Callable[[APIClient], Endpoint]] = {
     "token_create": token_create, "device_rename": device_rename,
     "model_spec_create": model_spec_create, "enrol": enrol, "heartbeat": heartbeat,
     "profile_upload": profile_upload, "run_create": run_create, "run_plan": run_plan,
-    "run_start": run_start, "run_events": run_events,
+    "run_start": run_start, "run_events": run_events, "split_study_create": split_study_create,
 }
 
 
@@ -186,6 +193,31 @@ CASES = [
      '"joy" is not a valid choice'),
     ("run_events", "metrics", [{"at": 1.0, "kind": "loss", "value": "low"}], "metrics[0].value",
      "must be a finite number"),
+    ("split_study_create", "name", "", "name", "This field may not be blank"),
+    ("split_study_create", "name", 5, "name", "must be a string"),
+    ("split_study_create", "instance", {"name": "mine"}, "instance",
+     "give an instance document or a shared file and index, not both"),
+    ("split_study_create", "instance", [1], "instance", "must be a JSON object"),
+    ("split_study_create", "file", "data/sl/other.jsonl", "file",
+     "'data/sl/other.jsonl' is not a shared instance file"),
+    ("split_study_create", "file", 3, "file", "must be a string"),
+    ("split_study_create", "index", 36, "index", "data/sl/resnet101_mnist.jsonl has 36 "
+                                                 "instances, so the index must be between 0"),
+    ("split_study_create", "index", "0", "index", "must be an integer"),
+    ("split_study_create", "methods", [], "methods", "This list may not be empty"),
+    ("split_study_create", "methods", "auto", "methods", "Expected a list of items"),
+    ("split_study_create", "methods", ["auto", "magic"], "methods[1]",
+     "unknown method 'magic'"),
+    ("split_study_create", "methods", ["auto", "auto"], "methods[1]", "repeats 'auto'"),
+    ("split_study_create", "time_limit_s", 0, "time_limit_s",
+     "must be more than 0 and at most 120 seconds"),
+    ("split_study_create", "time_limit_s", 600, "time_limit_s",
+     "must be more than 0 and at most 120 seconds"),
+    ("split_study_create", "time_limit_s", "10", "time_limit_s", "must be a finite number"),
+    ("split_study_create", "switch_slots", -1, "switch_slots", "must be between 0 and 100"),
+    ("split_study_create", "switch_slots", 1.5, "switch_slots", "must be an integer"),
+    ("split_study_create", "seed", -1, "seed", "must be between 0 and 2147483647"),
+    ("split_study_create", "seed", "x", "seed", "must be an integer"),
 ]
 
 

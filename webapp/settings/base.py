@@ -42,6 +42,7 @@ INSTALLED_APPS = [
     "channels",
     "webapp.devices",
     "webapp.runs",
+    "webapp.split",
     "webapp.dashboard",
     "webapp.gateway",
     "webapp.demo",
