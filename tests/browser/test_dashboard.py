@@ -294,3 +294,37 @@ def test_every_page_renders_and_loads_only_from_the_server(visit: Visit, server:
     page.wait_for_selector("#profile-chart .main-svg")
     visit.screenshot("device-detail")
     assert f"{server.base}/static/vendor/plotly/plotly-basic.min.js" in visit.requests
+
+
+def test_the_page_trims_its_window_as_the_server_does(visit: Visit, server: Server):
+    """EdgePipe.live.applyRun (the page) and webapp.runs.events.snapshot_apply (the server)
+    bring one snapshot forward by the same deltas to the same window, the newest-events cap
+    included: events out of order, ties on end, more than the cap."""
+    import random
+
+    from webapp.runs.events import snapshot_apply
+
+    rng = random.Random(7)
+
+    def event(m: int) -> dict[str, Any]:
+        start = round(rng.uniform(0, 80), 1)
+        return {"run": 1, "device": rng.choice(["a", "b", "c"]), "stage": rng.randrange(3),
+                "kind": rng.choice(["forward", "backward", "send"]), "microbatch": m,
+                "version": 0, "start": start, "end": round(start + rng.choice([0.1, 0.5]), 1),
+                "bytes": 0}
+
+    snapshot = {"type": "snapshot", "run": {}, "plans": [], "window_s": 60.0,
+                "timeline_limit": 12, "timeline": [], "metrics": [], "faults": [], "idle": {}}
+    deltas = [{"type": "timeline",
+               "events": [event(10 * k + i) for i in range(rng.randrange(1, 9))]}
+              for k in range(12)]
+    expected = snapshot
+    for delta in deltas:
+        expected = snapshot_apply(expected, delta)
+    visit.login(server.password)
+    visit.go("/devices/")  # a page with the live script
+    got = visit.page.evaluate(
+        """([snapshot, deltas]) => deltas.reduce(
+             (s, d) => EdgePipe.live.applyRun(s, d), snapshot).timeline""", [snapshot, deltas])
+    assert len(expected["timeline"]) == 12
+    assert got == expected["timeline"]

@@ -89,3 +89,44 @@ def test_metrics_and_control_events_are_stored(trained: tuple[dict, Path]) -> No
     states = dict(db.execute("SELECT stage_state, COUNT(*) FROM runs_rundevice "
                              "GROUP BY stage_state"))
     assert states == {"done": 3}
+
+
+def test_sigterm_stops_the_demo_and_every_process_it_started(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("REDIS_URL", "DATABASE_URL", "DJANGO_SETTINGS_MODULE")}
+    env.update(EDGEPIPE_VAR_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="webapp.settings.local")
+    port = free_port()
+    demo = subprocess.Popen(
+        [sys.executable, "manage.py", "demo", "--port", str(port), "--model", "mlp",
+         "--dataset", "digits"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+
+    def started_here() -> list[str]:  # processes whose command line names this var directory
+        found = subprocess.run(["pgrep", "-af", str(tmp_path)], capture_output=True, text=True)
+        return [line for line in found.stdout.splitlines() if str(demo.pid) != line.split()[0]]
+
+    try:
+        assert demo.stdout is not None
+        for line in demo.stdout:
+            if line.startswith("starting agents"):
+                break
+        deadline = time.monotonic() + 60
+        while len(started_here()) < 4 and time.monotonic() < deadline:  # worker and agents
+            time.sleep(0.5)
+        assert len(started_here()) >= 4
+        demo.send_signal(signal.SIGTERM)
+        assert demo.wait(timeout=60) is not None
+        deadline = time.monotonic() + 30
+        while started_here() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert started_here() == []
+        with socket.socket() as probe:  # the web server (its command line names no directory)
+            assert probe.connect_ex(("127.0.0.1", port)) != 0
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+        for line in started_here():
+            os.kill(int(line.split()[0]), signal.SIGKILL)

@@ -8,7 +8,8 @@ finished or failed), ``timeline`` (a batch of timeline events in the shared sche
 idle-time breakdown over the window, replacing the previous one).
 
 A page keeps a bounded window: the timeline events that end within :data:`WINDOW_S` seconds of
-the newest one, likewise the metric points, and every fault. The snapshot is that window read
+the newest one (at most the snapshot's ``timeline_limit`` newest), likewise the metric points,
+and every fault. The snapshot is that window read
 from the database; applying the deltas trims by the same rule, so an old snapshot brought
 forward equals a fresh one (tests/webapp/runs/test_events.py)."""
 
@@ -69,7 +70,8 @@ def run_snapshot(run: Run) -> Event:
     return {"type": "snapshot", "run": RunOutput(run).data,
             "plans": PlanOutput(run.plans.all(), many=True).data,
             "window_s": WINDOW_S,
-            "timeline": selectors.run_timeline_window(run=run),
+            "timeline_limit": selectors.LIVE_MAX_EVENTS,
+            "timeline": selectors.run_timeline_window(run=run, limit=selectors.LIVE_MAX_EVENTS),
             "metrics": selectors.run_metrics_window(run=run),
             "faults": selectors.run_faults(run=run),
             "idle": {"window": window, "devices": idle}}
@@ -85,11 +87,15 @@ def run_event_send(run_id: int, event: Event) -> None:
     transaction.on_commit(partial(_group_send, run_id, event))
 
 
-def _windowed(rows: list[dict[str, Any]], time_key: str, sort_key: Any) -> list[dict[str, Any]]:
+def _windowed(rows: list[dict[str, Any]], time_key: str, sort_key: Any,
+              limit: int | None = None) -> list[dict[str, Any]]:
     if not rows:
         return rows
     newest = max(r[time_key] for r in rows)
-    return sorted((r for r in rows if r[time_key] >= newest - WINDOW_S), key=sort_key)
+    kept = [r for r in rows if r[time_key] >= newest - WINDOW_S]
+    if limit is not None:
+        return selectors.newest_events(kept, limit)
+    return sorted(kept, key=sort_key)
 
 
 def snapshot_apply(snapshot: Event, event: Event) -> Event:
@@ -98,7 +104,8 @@ def snapshot_apply(snapshot: Event, event: Event) -> Event:
     the window (trimmed to it), faults are added, an idle event replaces the breakdown."""
     if event["type"] == "timeline":
         merged = [*snapshot["timeline"], *event["events"]]
-        return {**snapshot, "timeline": _windowed(merged, "end", selectors.timeline_order)}
+        return {**snapshot, "timeline": _windowed(merged, "end", selectors.timeline_order,
+                                                  limit=snapshot["timeline_limit"])}
     if event["type"] == "metrics":
         merged = [*snapshot["metrics"], *event["points"]]
         return {**snapshot, "metrics": _windowed(merged, "at", selectors.metric_order)}

@@ -3,6 +3,8 @@ database."""
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Sequence
 from typing import Any
 
 from django.db.models import Max, Prefetch, QuerySet
@@ -24,8 +26,13 @@ from orchestrator.simulator import simulate
 from webapp.devices.models import Device, DeviceLink, LayerProfile
 from webapp.runs.models import FaultEvent, MetricPoint, Plan, Run, RunDevice, TimelineEvent
 
-# What a live run page keeps: the timeline and metrics of the last minute of the run.
+# What a live run page keeps: the timeline and metrics of the last minute of the run, and of
+# the timeline at most the newest LIVE_MAX_EVENTS events (by end). A fast model reports
+# thousands of events a second; a minute of them made a 3.5 MB snapshot, past the 1 MiB a
+# WebSocket message may carry (daphne's limit), and more than a page draws (about 130 bytes
+# an event: 4,000 make about 0.5 MB).
 LIVE_WINDOW_S = 60.0
+LIVE_MAX_EVENTS = 4000
 
 
 def run_list(*, state: str | None = None, device: Device | None = None) -> QuerySet[Run]:
@@ -178,21 +185,40 @@ def fault_json(row: FaultEvent) -> dict[str, Any]:
 _TIMELINE_FIELDS = ("device", "stage", "kind", "microbatch", "version", "start", "end", "bytes")
 
 
-def _timeline_window_json(run: Run, window_s: float) -> list[dict[str, Any]]:
+def _timeline_window_json(run: Run, window_s: float, *, newest_n: int | None = None
+                          ) -> list[dict[str, Any]]:
     """The window's events as timeline_json gives them, read as plain rows: a live run reads
     its window back every few seconds, and building a model instance per row cost three
-    quarters of that time."""
-    newest = TimelineEvent.objects.filter(run=run).aggregate(m=Max("end"))["m"]
+    quarters of that time. With ``newest_n``, only the events that end no earlier than the
+    n-th newest end (at least n rows: ties)."""
+    window = TimelineEvent.objects.filter(run=run)
+    newest = window.aggregate(m=Max("end"))["m"]
     if newest is None:
         return []
-    rows = (TimelineEvent.objects.filter(run=run, end__gte=newest - window_s)
-            .values_list(*_TIMELINE_FIELDS))
+    window = window.filter(end__gte=newest - window_s)
+    if newest_n is not None:
+        nth = list(window.order_by("-end").values_list("end", flat=True)[newest_n - 1:newest_n])
+        if nth:
+            window = window.filter(end__gte=nth[0])
+    rows = window.values_list(*_TIMELINE_FIELDS)
     return [{"run": run.pk, **dict(zip(_TIMELINE_FIELDS, row, strict=True))} for row in rows]
 
 
-def run_timeline_window(*, run: Run, window_s: float = LIVE_WINDOW_S) -> list[dict[str, Any]]:
-    """The timeline events that end within ``window_s`` of the newest one."""
-    return sorted(_timeline_window_json(run, window_s), key=timeline_order)
+def newest_events(events: Sequence[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
+    """The ``limit`` events that end last (ties: the later in timeline order), in timeline
+    order. Adding events never brings back one this dropped, so a page that trims its window
+    this way after every delta holds what a fresh snapshot would."""
+    kept = (list(events) if len(events) <= limit
+            else heapq.nlargest(limit, events, key=lambda e: (e["end"], timeline_order(e))))
+    return sorted(kept, key=timeline_order)
+
+
+def run_timeline_window(*, run: Run, window_s: float = LIVE_WINDOW_S,
+                        limit: int | None = None) -> list[dict[str, Any]]:
+    """The timeline events that end within ``window_s`` of the newest one, at most the newest
+    ``limit`` of them (default LIVE_MAX_EVENTS)."""
+    limit = LIVE_MAX_EVENTS if limit is None else limit
+    return newest_events(_timeline_window_json(run, window_s, newest_n=limit), limit)
 
 
 def run_metrics_window(*, run: Run, window_s: float = LIVE_WINDOW_S) -> list[dict[str, Any]]:

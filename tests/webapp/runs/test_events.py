@@ -7,8 +7,8 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
 from tests.webapp.factories import DeviceFactory, LayerProfileFactory, ModelSpecFactory, RunFactory
-from webapp.runs import events, services
-from webapp.runs.models import Run
+from webapp.runs import events, selectors, services
+from webapp.runs.models import Run, TimelineEvent
 
 
 def drain(channel: str) -> list[dict]:
@@ -103,8 +103,13 @@ def agent_batch(run_id: int, device: str, t0: float, count: int) -> dict:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_live_page_brought_forward_by_deltas_equals_a_fresh_snapshot():
-    # Prepare: a running run and a page that connected before any event
+@pytest.mark.parametrize("limit", [None, 25])
+def test_a_live_page_brought_forward_by_deltas_equals_a_fresh_snapshot(
+        limit: int | None, monkeypatch: pytest.MonkeyPatch):
+    # Prepare: a running run and a page that connected before any event (with a limit, the
+    # page keeps only the newest events: a busy run's minute exceeded a WebSocket message)
+    if limit is not None:
+        monkeypatch.setattr(selectors, "LIVE_MAX_EVENTS", limit)
     devices = [DeviceFactory(), DeviceFactory()]
     run = RunFactory(devices=devices, state=Run.State.RUNNING)
     old = events.run_snapshot(Run.objects.get(pk=run.pk))
@@ -125,6 +130,10 @@ def test_a_live_page_brought_forward_by_deltas_equals_a_fresh_snapshot():
     assert applied == fresh
     newest = max(e["end"] for e in fresh["timeline"])
     assert min(e["end"] for e in fresh["timeline"]) >= newest - events.WINDOW_S
+    if limit is not None:
+        assert len(fresh["timeline"]) == limit
+        stored = sorted(TimelineEvent.objects.filter(run=run).values_list("end", flat=True))
+        assert min(e["end"] for e in fresh["timeline"]) == stored[-limit]
     assert len(fresh["faults"]) == 2  # every fault is kept, not only the window's
     idle = fresh["idle"]["devices"][devices[0].uid]
     assert idle["busy_s"] + idle["idle_s"] == pytest.approx(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
@@ -41,6 +42,9 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         logging.getLogger("httpx").setLevel(logging.WARNING)
+        # SIGTERM stops the demo as Ctrl-C does: the testbed's processes stop with it (killed
+        # without this, the demo left its web server, worker and agents running)
+        signal.signal(signal.SIGTERM, _interrupt)
         demo_options = DemoOptions(
             host=options["host"], port=options["port"], model=options["model"],
             dataset=options["dataset"], batch_size=options["batch_size"],
@@ -57,3 +61,7 @@ class Command(BaseCommand):
             return
         if summary is not None:
             self.stdout.write(json.dumps(summary))
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt

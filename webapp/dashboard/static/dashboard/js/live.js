@@ -40,14 +40,20 @@
   }
 
   /* webapp.runs.events._windowed over old + added: the rows whose time is within windowS of
-     the newest, in order (filtering a sorted list keeps it sorted). */
-  function windowed(old, added, timeKey, order, windowS) {
+     the newest, in order (filtering a sorted list keeps it sorted); with maxRows, only the
+     maxRows that end last (ties: the later in order), as webapp.runs.selectors.newest_events. */
+  function windowed(old, added, timeKey, order, windowS, maxRows) {
     const rows = merged(old, added, order);
     if (!rows.length) return rows;
     let newest = -Infinity;
     for (const r of rows) if (r[timeKey] > newest) newest = r[timeKey];
     const limit = newest - windowS;
-    return rows.filter(function (r) { return r[timeKey] >= limit; });
+    const kept = rows.filter(function (r) { return r[timeKey] >= limit; });
+    if (!maxRows || kept.length <= maxRows) return kept;
+    const last = kept.slice().sort(function (x, y) { return cmp(y.end, x.end) || order(y, x); })
+      .slice(0, maxRows);
+    const keep = new Set(last);
+    return kept.filter(function (r) { return keep.has(r); });
   }
 
   /* webapp.runs.events.snapshot_apply */
@@ -55,7 +61,8 @@
     switch (event.type) {
       case "timeline":
         return Object.assign({}, snapshot, {
-          timeline: windowed(snapshot.timeline, event.events, "end", timelineOrder, snapshot.window_s),
+          timeline: windowed(snapshot.timeline, event.events, "end", timelineOrder, snapshot.window_s,
+                             snapshot.timeline_limit),
         });
       case "metrics":
         return Object.assign({}, snapshot, {
