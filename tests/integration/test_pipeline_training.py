@@ -130,3 +130,17 @@ def test_sigterm_stops_the_demo_and_every_process_it_started(tmp_path: Path) -> 
             demo.kill()
         for line in started_here():
             os.kill(int(line.split()[0]), signal.SIGKILL)
+
+
+def test_the_demo_says_when_its_port_is_taken(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("REDIS_URL", "DATABASE_URL", "DJANGO_SETTINGS_MODULE")}
+    env.update(EDGEPIPE_VAR_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="webapp.settings.local")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run([sys.executable, "manage.py", "demo", "--port", str(port)],
+                                cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert f"127.0.0.1:{port} is taken" in result.stderr and "Traceback" not in result.stderr

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -107,6 +108,10 @@ class LocalTestbed:
     # ---- processes
 
     def _start_servers(self) -> None:
+        with socket.socket() as probe:
+            if probe.connect_ex((self.host, self.port)) == 0:
+                raise DemoError(f"{self.host}:{self.port} is taken: another server (an earlier "
+                                "demo?) listens there; stop it, or choose another --port")
         python = sys.executable
         self.processes.start("web", [python, "-m", "daphne", "-b", self.host, "-p",
                                      str(self.port), "webapp.asgi:application"])
