@@ -221,3 +221,50 @@ def test_cli_plan_with_tapp() -> None:
                            capture_output=True, text=True, timeout=120)
     assert wrong.returncode == 2
     assert "--episodes applies to --algorithm tapp only" in wrong.stderr
+
+
+def test_the_polish_never_worsens_a_plan_keeps_its_budget_and_often_finds_the_optimum() -> None:
+    from orchestrator.tapp import _Scorer, polish
+
+    rng = random.Random(11)
+    reached = 0
+    for _ in range(20):
+        cm = random_instance(rng, layers=rng.randint(3, 8), devices=rng.randint(2, 4))
+        calls: list[int] = []
+        reward = cost_model_reward(cm)
+
+        def counted(stages, calls=calls, reward=reward):  # type: ignore[no-untyped-def]
+            calls.append(1)
+            return reward(stages)
+
+        scorer = _Scorer(cm, counted, fail_factor=2.0)
+        start = ((0, cm.num_layers - 1, (rng.randrange(cm.num_devices),)),)  # all on one device
+        start_s = scorer.step_s(start)
+        budget = 60
+        raw, step_s = polish(scorer, start, num_devices=cm.num_devices, budget=budget)
+        assert step_s <= start_s and step_s == scorer.step_s(raw)
+        assert len(calls) <= budget + 1  # the start's own evaluation, then the budget
+        check_stages(to_stages_for(cm, raw), num_layers=cm.num_layers, device_ids=cm.devices.ids)
+        try:
+            best = run_planner(cm, "optimal").predicted.period_s
+        except Exception:  # no single-device-per-stage plan fits
+            continue
+        reached += math.isclose(step_s, best, rel_tol=1e-9)
+    assert reached >= 15  # a local search: most small instances (18 of 19 here), not all
+
+
+def to_stages_for(cm: CostModel, raw) -> tuple[Stage, ...]:
+    from orchestrator.partition.common import to_stages
+
+    return to_stages(cm, raw)
+
+
+def test_training_returns_the_polished_plan_and_what_the_policy_found() -> None:
+    cm = random_instance(random.Random(5), layers=6, devices=3)
+    plain = train_tapp(cm, episodes=5, seed=0, settings=TappSettings(polish=0, samples=4))
+    polished = train_tapp(cm, episodes=5, seed=0, settings=TappSettings(samples=4))
+    assert plain.best_step_s == plain.learned_step_s
+    assert polished.learned_step_s == plain.learned_step_s  # the same training, then polished
+    assert polished.best_step_s <= polished.learned_step_s
+    with pytest.raises(ValueError, match="polish must be a non-negative integer"):
+        TappSettings(polish=-1).check()
