@@ -64,8 +64,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     logs = tmp_path_factory.mktemp("browser-logs")
     # every batch of events gets its idle delta (by default at most one every 2 s), so that the
     # page's state after the last batch can be compared with a fresh snapshot
+    # and a learned planner (TAPP) trains for a few seconds, not a minute
     env = child_env(DJANGO_SETTINGS_MODULE="webapp.settings.local", EDGEPIPE_VAR_DIR=str(var),
-                    DEBUG="false", LIVE_IDLE_INTERVAL_S="0")
+                    DEBUG="false", LIVE_IDLE_INTERVAL_S="0", PLANNING_LEARNED_EPISODES="60")
     port = free_port()
     processes = Processes(logs, env)
     try:

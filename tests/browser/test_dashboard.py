@@ -111,6 +111,7 @@ def test_create_a_run_through_the_form(visit: Visit, server: Server, lab):
     row = page.locator(f".choice:has(#dev-{devices[2]['id']})")
     for _ in range(page.locator(".choice").count()):
         row.locator("[data-move=up]").click()
+    page.check("input[name=algorithms][value=tapp]")  # besides the quick planners
     page.fill("#id_microbatches", "0")
     page.click("text=Create and plan")
     # refused: the reason next to the field, the rest of the form as it was
@@ -137,6 +138,12 @@ def test_create_a_run_through_the_form(visit: Visit, server: Server, lab):
     page.wait_for_function(f"document.querySelectorAll('#plan-gantts .plan-gantt .main-svg')"
                            f".length >= {done}", timeout=LIVE_WITHIN_S)
     assert page.locator("#plans-table tr.is-best").count() == 1
+    # TAPP's training curve, from the snapshots the page polled while it learned
+    training = page.locator("#plan-trainings .plan-training")
+    training.locator(".main-svg").first.wait_for(timeout=LIVE_WITHIN_S)
+    assert re.fullmatch(r"tapp\s+\d+ episodes · best step \S+ \S+", training.locator("h3")
+                        .inner_text()), training.locator("h3").inner_text()
+    assert training.locator(".scatterlayer .trace").count() == 2  # best, episode's samples
     visit.screenshot("run-planned")
 
 

@@ -21,6 +21,16 @@ def test_the_schema_lists_the_api_and_both_ways_to_authenticate(anon):
                ) >= {"EnrolInputRequest"}
 
 
+def test_a_plan_documents_its_training_curve(anon):
+    schema = anon.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+    components = schema["components"]["schemas"]
+    training = components["PlanDetailOutput"]["properties"]["training"]["$ref"].rsplit("/", 1)[1]
+    curve = components[training]["properties"]
+    assert set(curve) == {"episodes", "best_reward", "mean_reward"}
+    assert curve["best_reward"]["items"] == {"type": "number", "format": "double",
+                                             "nullable": True}
+
+
 def test_the_documentation_page_loads_everything_from_this_server(anon):
     answer = anon.get("/api/docs/")
     assert answer.status_code == 200

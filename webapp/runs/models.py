@@ -101,6 +101,11 @@ class Plan(models.Model):
     simulation = models.JSONField(null=True, blank=True,
                                   help_text="the simulated timeline's summary")
     error = models.TextField(blank=True)
+    training = models.JSONField(
+        default=dict, blank=True,
+        help_text="a learned planner's training curve: lists episodes (1-based), best_reward "
+                  "and mean_reward (rewards -sqrt(step s); null until a candidate fits); "
+                  "empty for the other planners")
     attempts = models.PositiveIntegerField(default=0)
     worker = models.CharField(max_length=200, blank=True)
     queued_at = models.DateTimeField(default=timezone.now)

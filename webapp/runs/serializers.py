@@ -36,6 +36,22 @@ class RunOutput(serializers.Serializer):
         return sorted(p.pk for p in run.plans.all())  # type: ignore[attr-defined]
 
 
+class TrainingOutput(serializers.Serializer):
+    """A learned planner's training curve, one entry per episode so far; every key is absent
+    for the other planners (and before the first episode)."""
+
+    episodes = serializers.ListField(child=serializers.IntegerField(), required=False,
+                                     help_text="episode numbers, from 1")
+    best_reward = serializers.ListField(
+        child=serializers.FloatField(allow_null=True), required=False,
+        help_text="the best reward seen so far, -sqrt(step time in s); null until a candidate "
+                  "fits in memory")
+    mean_reward = serializers.ListField(
+        child=serializers.FloatField(allow_null=True), required=False,
+        help_text="the mean reward of the episode's sampled candidates (infeasible ones "
+                  "penalised); null until a candidate fits in memory")
+
+
 class PlanOutput(serializers.Serializer):
     id = serializers.IntegerField()
     run = serializers.IntegerField(source="run_id")
@@ -49,6 +65,7 @@ class PlanOutput(serializers.Serializer):
     memory_ok = serializers.BooleanField(allow_null=True)
     planner_s = serializers.FloatField()
     error = serializers.CharField()
+    training = TrainingOutput()
     attempts = serializers.IntegerField()
     worker = serializers.CharField()
     queued_at = serializers.DateTimeField()

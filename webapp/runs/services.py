@@ -13,7 +13,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, InterfaceError, transaction
 from django.utils import timezone
 
 from orchestrator.cost import build_cost_model, memory_shortfall
@@ -22,7 +22,7 @@ from orchestrator.events import FaultEvent as FaultRecord
 from orchestrator.events import TimelineEvent as TimelineRecord
 from orchestrator.events import parse_event, parse_fault
 from orchestrator.formats import SCHEDULES, parse_plan
-from orchestrator.partition import PLANNERS, run_planner
+from orchestrator.partition import LEARNED, PLANNERS, run_planner
 from orchestrator.simulator import simulate
 from webapp.common.exceptions import Conflict, InvalidInput
 from webapp.devices.commands import command_build, device_command_send
@@ -40,6 +40,8 @@ COLUMN_LIMITS = {"stage": 2**31 - 1, "microbatch": 2**31 - 1, "version": 2**31 -
                  "bytes": 2**63 - 1}
 UNFINISHED = (Plan.Status.PENDING, Plan.Status.RUNNING)
 ACTIVE_DEVICE = (Device.Status.ONLINE, Device.Status.BUSY)
+# a learned planner's training curve is saved (and sent) at most this often while it trains
+TRAINING_SAVE_EVERY_S = 1.0
 
 
 # --------------------------------------------------------------------------- creation
@@ -365,7 +367,8 @@ def run_device_lost(*, device: Device, reason: str) -> list[Run]:
 
 
 def _plan_claim(plan_id: int, worker: str) -> Plan | None:
-    """Mark a plan running (again, if a worker died on it); None if there is nothing to do."""
+    """Mark a plan running (again, if a worker died on it), in a transaction of its own; None
+    if there is nothing to do."""
     with transaction.atomic():
         plan = Plan.objects.select_for_update().select_related("run").filter(pk=plan_id).first()
         if plan is None or plan.status not in UNFINISHED:
@@ -380,18 +383,80 @@ def _plan_claim(plan_id: int, worker: str) -> Plan | None:
         plan.attempts += 1
         plan.worker = worker
         plan.started_at = timezone.now()
-        plan.save(update_fields=["status", "attempts", "worker", "started_at"])
+        plan.training = {}  # a new attempt starts a new curve
+        plan.save(update_fields=["status", "attempts", "worker", "started_at", "training"])
         events.run_event_send(plan.run_id, events.event_plan(plan))
         return plan
 
 
-def _plan_figures(plan: Plan) -> dict[str, Any]:
+def _reward_json(reward: float) -> float | None:
+    """A reward as the curve stores it: 6 significant digits; null when not finite."""
+    return float(f"{reward:.6g}") if math.isfinite(reward) else None
+
+
+class TrainingProgress:
+    """A learned planner's ``on_episode``: collects its training curve and, after the first
+    episode and then at most every :data:`TRAINING_SAVE_EVERY_S`, saves it on the claimed plan's
+    row and sends a ``plan`` event. Planning runs outside any transaction, so each save (one
+    UPDATE) commits at once and a snapshot sees it; a save that fails is only logged."""
+
+    def __init__(self, plan: Plan, *, every_s: float | None = None) -> None:
+        self.plan = plan
+        self.every_s = TRAINING_SAVE_EVERY_S if every_s is None else every_s
+        self.episodes: list[int] = []
+        self.best_reward: list[float | None] = []
+        self.mean_reward: list[float | None] = []
+        self._saved_at = -math.inf
+
+    def curve(self) -> dict[str, list[Any]]:
+        """The curve so far as the plan stores it (``{}`` before the first episode)."""
+        if not self.episodes:
+            return {}
+        return {"episodes": list(self.episodes), "best_reward": list(self.best_reward),
+                "mean_reward": list(self.mean_reward)}
+
+    def __call__(self, episode: int, best_reward: float, mean_reward: float) -> None:
+        best = _reward_json(best_reward)
+        self.episodes.append(episode + 1)
+        self.best_reward.append(best)
+        # until a candidate fits, the mean is a placeholder (no reward signal yet)
+        self.mean_reward.append(None if best is None else _reward_json(mean_reward))
+        now = time.monotonic()
+        if now - self._saved_at >= self.every_s:
+            self._saved_at = now
+            self.save()
+
+    def save(self) -> None:
+        plan = self.plan
+        plan.training = self.curve()
+        try:  # only while this attempt still holds the plan (not after it was planned again)
+            updated = Plan.objects.filter(pk=plan.pk, status=Plan.Status.RUNNING,
+                                          attempts=plan.attempts).update(training=plan.training)
+        except (DatabaseError, InterfaceError):
+            log.warning("could not save the training curve of plan %s", plan.pk, exc_info=True)
+            return
+        if updated:
+            events.run_event_send(plan.run_id, events.event_plan(plan))
+
+
+def _planner_options(plan: Plan, progress: TrainingProgress | None) -> dict[str, Any]:
+    """What the plan's planner is called with: the run's schedule and micro-batches, and for a
+    learned planner the progress callback and the episodes configured."""
+    run = plan.run
+    options: dict[str, Any] = {"schedule": run.schedule, "microbatches": run.microbatches}
+    if progress is not None:
+        options["on_episode"] = progress
+        if settings.PLANNING_LEARNED_EPISODES:
+            options["episodes"] = settings.PLANNING_LEARNED_EPISODES
+    return options
+
+
+def _plan_figures(plan: Plan, progress: TrainingProgress | None = None) -> dict[str, Any]:
     """Plan ``plan``'s run with its algorithm and simulate a few batches of the result."""
     run = plan.run
     profile, devices = run_planning_inputs(run=run)
     cm = build_cost_model(profile, devices)
-    computed = run_planner(cm, plan.algorithm, schedule=run.schedule,
-                           microbatches=run.microbatches)
+    computed = run_planner(cm, plan.algorithm, **_planner_options(plan, progress))
     predicted = computed.predicted
     assert predicted is not None  # every planner returns the cost model's verdict
     figures: dict[str, Any] = {
@@ -414,6 +479,20 @@ def _plan_figures(plan: Plan) -> dict[str, Any]:
     return figures
 
 
+def _plan_outcome(plan: Plan, progress: TrainingProgress | None) -> tuple[str, dict[str, Any]]:
+    """The plan's status and the fields to store: its figures, or why it failed. A database
+    error propagates (the task retries); a crashing planner fails its plan."""
+    try:
+        return Plan.Status.DONE, _plan_figures(plan, progress)
+    except (PlanningError, FormatError, ValueError) as exc:
+        return Plan.Status.FAILED, {"error": str(exc)}
+    except (DatabaseError, InterfaceError):
+        raise  # the task retries
+    except Exception as exc:  # a bug in a planner must not leave the run planning forever
+        log.exception("planning plan %s (%s) crashed", plan.pk, plan.algorithm)
+        return Plan.Status.FAILED, {"error": f"the planner crashed: {type(exc).__name__}: {exc}"}
+
+
 def _run_settle(run: Run) -> None:
     """With the run locked: once no plan is left to compute, the run is planned if a plan
     fits in memory and failed (saying why each plan failed) otherwise."""
@@ -430,31 +509,34 @@ def _run_settle(run: Run) -> None:
                 error=f"no plan could be used. {reasons}")
 
 
+def _plan_store(plan: Plan, status: str, fields: dict[str, Any]) -> None:
+    """Store a computed plan, tell the run's group, and settle the run: one short transaction
+    with the run locked (two plans finishing at once settle it once)."""
+    with transaction.atomic():
+        run = _locked(plan.run)
+        updated = Plan.objects.filter(pk=plan.pk).update(
+            status=status, finished_at=timezone.now(), **fields)
+        if updated:
+            events.run_event_send(run.pk, events.event_plan(Plan.objects.get(pk=plan.pk)))
+        _run_settle(run)
+
+
 def plan_compute(*, plan_id: int, worker: str = "") -> dict[str, Any]:
-    """Compute one plan (the body of the Celery task): plan with the orchestrator, simulate,
-    store, and settle the run when it was the last. Idempotent: a plan already computed is
-    left alone, and one whose worker died is computed again."""
+    """Compute one plan (the body of the Celery task): claim it, plan with the orchestrator and
+    simulate, then store it and settle the run when it was the last.
+
+    Only the claim and the store are transactions, each short: planning (a minute for a
+    learned planner) holds no lock, so agents' events and other plans are written meanwhile,
+    and a learned planner's training curve is committed as it learns. Idempotent: a plan
+    already computed is left alone, and one whose worker died is computed again."""
     plan = _plan_claim(plan_id, worker)
     if plan is None:
         return {"plan": plan_id, "status": "skipped"}
-    try:
-        figures = _plan_figures(plan)
-        status = Plan.Status.DONE
-    except (PlanningError, FormatError, ValueError) as exc:
-        figures, status = {"error": str(exc)}, Plan.Status.FAILED
-    except DatabaseError:
-        raise  # the task retries
-    except Exception as exc:  # a bug in a planner must not leave the run planning forever
-        log.exception("planning plan %s (%s) crashed", plan_id, plan.algorithm)
-        figures, status = {"error": f"the planner crashed: {type(exc).__name__}: {exc}"}, \
-            Plan.Status.FAILED
-    with transaction.atomic():
-        run = _locked(plan.run)
-        updated = Plan.objects.filter(pk=plan_id).update(
-            status=status, finished_at=timezone.now(), **figures)
-        if updated:
-            events.run_event_send(run.pk, events.event_plan(Plan.objects.get(pk=plan_id)))
-        _run_settle(run)
+    progress = TrainingProgress(plan) if plan.algorithm in LEARNED else None
+    status, fields = _plan_outcome(plan, progress)
+    if progress is not None:
+        fields["training"] = progress.curve()  # the whole curve, whatever the outcome
+    _plan_store(plan, status, fields)
     return {"plan": plan_id, "status": status}
 
 

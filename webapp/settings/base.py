@@ -204,6 +204,8 @@ CELERY_BEAT_SCHEDULE = {
 
 # Batches the simulator runs for each plan (planned timeline summary, simulated throughput).
 PLANNING_SIMULATED_BATCHES = env.int("PLANNING_SIMULATED_BATCHES", default=4)
+# Episodes a learned planner (TAPP) trains for; unset: the planner's own default.
+PLANNING_LEARNED_EPISODES = env.int("PLANNING_LEARNED_EPISODES", default=None)
 ENROLLMENT_TOKEN_TTL_S = env.int("ENROLLMENT_TOKEN_TTL_S", default=24 * 3600)
 
 # --------------------------------------------------------------------------- REST API

@@ -104,6 +104,19 @@ def test_a_run_page_carries_its_live_configuration(browser: Client, gpipe_run: R
     assert "/static/vendor/plotly/plotly-basic.min.js" in html
 
 
+def test_a_run_page_with_a_training_plan_has_the_place_for_its_curve(browser: Client):
+    run = RunFactory(state=Run.State.PLANNING, algorithms=["tapp"])
+    PlanFactory(run=run, algorithm="tapp", status=Plan.Status.RUNNING, period_s=None,
+                training={"episodes": [1, 2], "best_reward": [-0.9, -0.8],
+                          "mean_reward": [-1.2, -1.0]})
+    answer = browser.get(f"/runs/{run.pk}/")
+    html = answer.content.decode()
+    assert answer.status_code == 200
+    # drawn by run.js (with charts.js) from the plans of the snapshot and the plan events
+    assert 'id="plan-trainings-box" hidden' in html and 'id="plan-trainings"' in html
+    assert "/static/dashboard/js/charts.js" in html and "/static/dashboard/js/run.js" in html
+
+
 def test_an_unknown_run_or_device_is_a_404_page(browser: Client):
     for path in ("/runs/999/", "/devices/999/"):
         answer = browser.get(path)

@@ -32,6 +32,7 @@ def test_plan_a_run_on_the_testbed_compare_its_plans_and_start_the_best(
         assert plan["simulated_throughput_sps"] > 0 and plan["simulation"]["devices"]
         used = {d for s in plan["document"]["stages"] for d in s["devices"]}
         assert used <= {d.uid for d in resnet_testbed.devices}
+        assert plan["training"] == {}  # only learned planners train
     compared = api.get(f"/api/runs/{run['id']}/plans/compare/").json()
     fitting = [p for p in plans if p["memory_ok"]]
     best = min(fitting, key=lambda p: p["period_s"])
@@ -50,6 +51,15 @@ def test_plan_a_run_on_the_testbed_compare_its_plans_and_start_the_best(
     staged = RunDevice.objects.filter(run_id=run["id"], stage__isnull=False)
     assert staged.count() == len(best["document"]["stages"])
     assert {rd.stage_state for rd in staged} == {"deploying"}
+
+
+def test_a_learned_plan_shows_its_training_curve(api):
+    curve = {"episodes": [1, 2, 3], "best_reward": [None, -0.8, -0.7],
+             "mean_reward": [None, -1.1, -0.9]}
+    run = RunFactory(state=Run.State.PLANNING)
+    PlanFactory(run=run, algorithm="tapp", status="running", training=curve)
+    plans = api.get(f"/api/runs/{run.pk}/plans/").json()
+    assert plans[0]["algorithm"] == "tapp" and plans[0]["training"] == curve
 
 
 def test_start_with_a_chosen_plan(api):

@@ -1,9 +1,12 @@
 import math
+import threading
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
+from django.test import override_settings
 
 from orchestrator.events import TimelineEvent as TimelineRecord
+from orchestrator.partition import run_planner
 from tests.webapp.factories import (
     DeviceFactory,
     LayerProfileFactory,
@@ -11,9 +14,10 @@ from tests.webapp.factories import (
     PlanFactory,
     RunFactory,
 )
+from tests.webapp.runs.test_events import drain, subscribe
 from webapp.common.exceptions import Conflict, IllegalTransition, InvalidInput
 from webapp.devices.models import Device
-from webapp.runs import selectors, services
+from webapp.runs import events, selectors, services
 from webapp.runs.models import FaultEvent, MetricPoint, Plan, Run, RunDevice, TimelineEvent
 
 pytestmark = pytest.mark.django_db
@@ -203,6 +207,166 @@ def test_plans_requeue_unfinished_queues_the_plans_of_planning_runs(monkeypatch)
     PlanFactory(run=RunFactory(state=Run.State.CANCELLED), status="pending")
     assert sorted(services.plans_requeue_unfinished()) == sorted([waiting.pk, running.pk])
     assert sorted(queued) == sorted([waiting.pk, running.pk])
+
+
+# --------------------------------------------------------------------------- planning holds no lock
+
+
+def in_another_connection(work):
+    """Run ``work()`` on another thread, hence another database connection (the test database
+    is a shared in-memory SQLite: a write there fails at once while a transaction is open)."""
+    outcome = {}
+
+    def target():
+        try:
+            outcome["value"] = work()
+        except Exception as exc:  # handed to the test's thread
+            outcome["error"] = exc
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(timeout=30)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_planning_holds_no_transaction_so_other_writes_proceed_meanwhile(monkeypatch):
+    # Prepare: a planner that, while it plans, looks from another connection
+    run = profiled_run(algorithms=("ftpipehd",), state=Run.State.PLANNING)
+    plan = Plan.objects.create(run=run, algorithm="ftpipehd")
+    device = run.run_devices.first().device
+    seen = {}
+
+    def planner(*args, **kwargs):
+        seen["in_transaction"] = connection.in_atomic_block
+        seen["status"] = in_another_connection(
+            lambda: Plan.objects.get(pk=plan.pk).status)  # the claim is committed
+        seen["renamed"] = in_another_connection(
+            lambda: Device.objects.filter(pk=device.pk).update(name="renamed meanwhile"))
+        return run_planner(*args, **kwargs)
+
+    monkeypatch.setattr(services, "run_planner", planner)
+    # Execute
+    result = services.plan_compute(plan_id=plan.pk)
+    # Assert
+    assert seen == {"in_transaction": False, "status": "running", "renamed": 1}
+    assert result["status"] == "done"
+    assert Device.objects.get(pk=device.pk).name == "renamed meanwhile"
+    assert Run.objects.get(pk=run.pk).state == Run.State.PLANNED
+
+
+# --------------------------------------------------------------------------- learned planners
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(PLANNING_LEARNED_EPISODES=12)
+def test_a_learned_plan_commits_its_training_curve_while_it_learns(monkeypatch):
+    # Prepare: every episode saved (no throttle); each episode's callback is followed by a
+    # look at the row from another connection
+    monkeypatch.setattr(services, "TRAINING_SAVE_EVERY_S", 0.0)
+    run = profiled_run(algorithms=("tapp",), state=Run.State.PLANNING)
+    plan = Plan.objects.create(run=run, algorithm="tapp", training={"episodes": [99]})
+    old = events.run_snapshot(Run.objects.get(pk=run.pk))
+    channel = subscribe(run.pk)
+    committed = []
+
+    def planner(cm, algorithm, **options):
+        report = options["on_episode"]
+
+        def on_episode(*args):
+            report(*args)
+            committed.append(in_another_connection(
+                lambda: len(Plan.objects.get(pk=plan.pk).training["episodes"])))
+
+        return run_planner(cm, algorithm, **{**options, "on_episode": on_episode})
+
+    monkeypatch.setattr(services, "run_planner", planner)
+    # Execute
+    assert services.plan_compute(plan_id=plan.pk)["status"] == "done"
+    # Assert: one entry per episode, committed as it learned
+    plan.refresh_from_db()
+    assert plan.document["algorithm"] == "tapp" and plan.memory_ok is True
+    curve = plan.training
+    assert curve["episodes"] == list(range(1, 13)) and committed == list(range(1, 13))
+    assert len(curve["best_reward"]) == len(curve["mean_reward"]) == 12
+    assert all(r is not None and r < 0 for r in curve["best_reward"] + curve["mean_reward"])
+    assert curve["best_reward"] == sorted(curve["best_reward"])  # the best never gets worse
+    assert all(b >= m for b, m in zip(curve["best_reward"], curve["mean_reward"], strict=True))
+    # the plan's step time is at most the best the training saw (the greedy plan may beat it)
+    assert plan.period_s <= curve["best_reward"][-1] ** 2 * (1 + 1e-5)
+    received = [m["event"] for m in drain(channel)]
+    sent = [(e["plan"]["status"], len(e["plan"]["training"].get("episodes", [])))
+            for e in received if e["type"] == "plan"]
+    assert sent == [("running", 0), *(("running", k) for k in range(1, 13)), ("done", 12)]
+    applied = old
+    for event in received:
+        applied = events.snapshot_apply(applied, event)
+    assert applied == events.run_snapshot(Run.objects.get(pk=run.pk))
+    assert applied["plans"][0]["training"] == curve
+
+
+@override_settings(PLANNING_LEARNED_EPISODES=5)
+def test_a_learned_plans_curve_is_saved_at_most_every_interval(monkeypatch):
+    monkeypatch.setattr(services, "TRAINING_SAVE_EVERY_S", 3600.0)
+    sent = []
+    monkeypatch.setattr(events, "run_event_send", lambda run_id, event: sent.append(event))
+    run = profiled_run(algorithms=("tapp",), state=Run.State.PLANNING)
+    plan = Plan.objects.create(run=run, algorithm="tapp")
+    services.plan_compute(plan_id=plan.pk)
+    plan.refresh_from_db()
+    assert plan.training["episodes"] == [1, 2, 3, 4, 5]
+    lengths = [(e["plan"]["status"], len(e["plan"]["training"].get("episodes", [])))
+               for e in sent if e["type"] == "plan"]
+    assert lengths == [("running", 0), ("running", 1), ("done", 5)]  # first episode, the end
+
+
+def test_a_learned_plan_that_fails_keeps_the_curve_it_learned(monkeypatch):
+    run = profiled_run(algorithms=("tapp",), state=Run.State.PLANNING)
+    plan = Plan.objects.create(run=run, algorithm="tapp")
+
+    def planner(cm, algorithm, *, on_episode, **options):
+        on_episode(0, -1.5, -2.0)
+        on_episode(1, -1.25, -1.75)
+        raise ValueError("the reward diverged")
+
+    monkeypatch.setattr(services, "run_planner", planner)
+    services.plan_compute(plan_id=plan.pk)
+    plan.refresh_from_db()
+    assert plan.status == Plan.Status.FAILED and plan.error == "the reward diverged"
+    assert plan.training == {"episodes": [1, 2], "best_reward": [-1.5, -1.25],
+                             "mean_reward": [-2.0, -1.75]}
+
+
+def test_the_other_planners_store_no_training_and_a_new_attempt_starts_a_new_curve():
+    run = profiled_run(algorithms=("uniform",), state=Run.State.PLANNING)
+    plan = Plan.objects.create(run=run, algorithm="uniform", status=Plan.Status.RUNNING,
+                               attempts=1, training={"episodes": [1], "best_reward": [-1.0],
+                                                     "mean_reward": [-2.0]})
+    services.plan_compute(plan_id=plan.pk)
+    plan.refresh_from_db()
+    assert plan.status == Plan.Status.DONE and plan.training == {}
+
+
+def test_training_progress_stores_no_reward_until_a_candidate_fits_and_saves_only_its_attempt(
+        monkeypatch):
+    sent = []
+    monkeypatch.setattr(events, "run_event_send", lambda run_id, event: sent.append(event))
+    plan = PlanFactory(run=RunFactory(state=Run.State.PLANNING), algorithm="tapp",
+                       status=Plan.Status.RUNNING, attempts=2)
+    progress = services.TrainingProgress(plan, every_s=0.0)
+    progress(0, -math.inf, 0.0)
+    progress(1, -0.123456789, -0.5)
+    assert Plan.objects.get(pk=plan.pk).training == {
+        "episodes": [1, 2], "best_reward": [None, -0.123457], "mean_reward": [None, -0.5]}
+    assert [e["plan"]["training"]["episodes"] for e in sent] == [[1], [1, 2]]
+    # planned again meanwhile: this attempt no longer holds the plan, and says nothing
+    Plan.objects.filter(pk=plan.pk).update(attempts=3)
+    progress(2, -0.1, -0.4)
+    assert len(Plan.objects.get(pk=plan.pk).training["episodes"]) == 2 and len(sent) == 2
 
 
 # --------------------------------------------------------------------------- starting

@@ -1,4 +1,5 @@
-/* Charts shared by the run page's planned and live Gantts (Plotly, served from this server).
+/* Charts shared by the run page's planned and live Gantts and its learned planners' training
+   curves (Plotly, served from this server).
    A Gantt draws each event as a thick line segment (one SVG path per kind, so thousands of
    events stay smooth), one row per device in pipeline order: the compute lane (forward,
    backward, update, aggregate), under it the planned ghosts, under those the transfers
@@ -98,7 +99,63 @@
 
   function rowHeight(count) { return count <= 2 ? 64 : count <= 6 ? 54 : 40; }
 
+  /* A learned planner's training curve (plan.training: episodes, best_reward, mean_reward; a
+     reward is -sqrt(step time in s), null until a candidate fits) drawn as step times, which
+     read like the plans table's periods: the best candidate so far, and the episode's sampled
+     candidates (their mean reward as a step time, infeasible ones penalised). */
+  const TRAINING = [
+    { key: "best_reward", label: "best so far", color: "#16a34a", width: 2.5, dash: "solid" },
+    { key: "mean_reward", label: "episode's samples (mean reward)", color: "#94a3b8", width: 1.5,
+      dash: "dot" },
+  ];
+
+  function trainingTraces(training) {
+    return TRAINING.map(function (series) {
+      const rewards = training[series.key];
+      return {
+        type: "scatter", mode: "lines", name: series.label, x: training.episodes,
+        y: rewards.map(function (r) { return r === null ? null : r * r; }),
+        customdata: rewards,
+        line: { color: series.color, width: series.width, dash: series.dash },
+        connectgaps: false,
+        hovertemplate: "episode %{x}: %{y:.4g} s (reward %{customdata:.4g})<extra>" +
+          EP.esc(series.label) + "</extra>",
+      };
+    });
+  }
+
+  /* the log axis's range around every step time, padded so that the best (often flat at the
+     bottom) is not drawn on the axis line */
+  function logRange(traces) {
+    let lo = Infinity;
+    let hi = -Infinity;
+    for (const trace of traces) {
+      for (const y of trace.y) {
+        if (y === null || !(y > 0)) continue;
+        lo = Math.min(lo, Math.log10(y));
+        hi = Math.max(hi, Math.log10(y));
+      }
+    }
+    if (lo === Infinity) return undefined;
+    const pad = Math.max(0.05, 0.08 * (hi - lo));
+    return [lo - pad, hi + pad];
+  }
+
+  /* opts: {traces (to fit the y axis), uirevision, height} */
+  function trainingLayout(opts) {
+    const range = opts.traces ? logRange(opts.traces) : undefined;
+    return {
+      height: opts.height || 240, font: EP.plotFont, margin: { l: 60, r: 16, t: 8, b: 70 },
+      xaxis: { title: { text: "episode", font: { size: 11 } }, gridcolor: "#eef2f7", rangemode: "tozero" },
+      yaxis: { title: { text: "step time (s) = reward²", font: { size: 11 } }, type: "log",
+               gridcolor: "#eef2f7", range: range, autorange: range ? false : true },
+      legend: { orientation: "h", y: -0.35, font: { size: 11 } },
+      plot_bgcolor: "#fff", paper_bgcolor: "#fff", uirevision: opts.uirevision,
+    };
+  }
+
   EP.charts = {
     KINDS: KINDS, IDLE: IDLE, ganttTraces: ganttTraces, ganttLayout: ganttLayout, rowHeight: rowHeight,
+    trainingTraces: trainingTraces, trainingLayout: trainingLayout,
   };
 })();

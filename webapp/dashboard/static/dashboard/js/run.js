@@ -2,7 +2,8 @@
    (EdgePipe.live.applyRun, the same rule as the server), and redraws what changed at most
    four times a second with Plotly.react. While the run is planning in the embedded setup
    (whose in-memory channel layer does not carry the planning worker's events) it asks for a
-   snapshot every 2 s. */
+   snapshot every 2 s. A learned planner (TAPP) saves its training curve on its plan as it
+   learns; the page draws it from the plan events or those snapshots. */
 (function () {
   "use strict";
   const EP = window.EdgePipe;
@@ -23,7 +24,9 @@
   const view = { span: "auto", follow: true, userRange: null };
   const ghosts = { plan: null, lo: 0, hi: -1, events: [], loading: false, error: "" };
   const planGantts = {}; // plan id -> "loading" | "done" | error text
+  const trainingDrawn = {}; // plan id -> what its training chart shows (status and episodes)
   let compareKey = "";
+  let lastCompare = null;
 
   const $ = function (id) { return document.getElementById(id); };
 
@@ -137,20 +140,42 @@
     $("kind-legend").append(h("span", null, swatch, EP.charts.KINDS[kind].label));
   }
 
+  /* The comparison is fetched again when a plan's status changes; a training plan's progress
+     only redraws the table (its status cell) and its training chart. */
   async function renderPlans() {
     const plans = snap.plans;
     $("plans-empty").hidden = plans.length > 0;
     $("plans-body").hidden = plans.length === 0;
+    renderTrainings();
     const key = JSON.stringify(plans.map(function (p) { return [p.id, p.status]; })) + snap.run.state +
       snap.run.chosen_plan;
-    if (key === compareKey || plans.length === 0) return;
+    if (plans.length === 0) return;
+    if (key === compareKey) {
+      if (lastCompare && plans.some(isTraining)) renderCompare(lastCompare);
+      return;
+    }
     compareKey = key;
     const answer = await EP.api("GET", cfg.urls.compare);
     if (!answer.ok) {
       $("plans-why").textContent = answer.data.detail;
       return;
     }
+    lastCompare = answer.data;
     renderCompare(answer.data);
+  }
+
+  function episodesOf(plan) {
+    return plan && plan.training && plan.training.episodes ? plan.training.episodes.length : 0;
+  }
+
+  function isTraining(plan) { return plan.status === "running" && episodesOf(plan) > 0; }
+
+  function statusCell(row, plan) {
+    if (isTraining(plan)) {
+      return h("td", null, h("span", { class: "badge badge-running", "data-training": plan.id },
+        "training · episode " + plan.training.episodes[episodesOf(plan) - 1]));
+    }
+    return h("td", null, EP.badge(row.status));
   }
 
   function cell(text, cls) { return h("td", { class: cls }, text); }
@@ -171,7 +196,7 @@
       const tr = h("tr", { class: best ? "is-best" : "" },
         h("td", { class: "name" }, row.algorithm, best ? h("span", { class: "tag" }, "best") : null,
           chosen ? h("span", { class: "tag" }, "chosen") : null),
-        h("td", null, EP.badge(row.status)),
+        statusCell(row, plan),
         cell(row.stages === null ? "–" : row.stages, "num"),
         cell(fmt.seconds(row.period_s), "num"),
         cell(row.throughput_sps === null ? "–" : fmt.num(row.throughput_sps) + " /s", "num"),
@@ -240,6 +265,47 @@
     layout.xaxis.title.text = t.batches + " batches · " + t.microbatches + " micro-batches · " +
       fmt.num(t.throughput_sps) + " samples/s simulated";
     Plotly.react(chart, traces, layout, Object.assign({}, EP.plotConfig, { displayModeBar: false }));
+  }
+
+  /* ---------------------------------------------------------------- training curves */
+
+  function trainingSummary(plan) {
+    const t = plan.training;
+    const n = episodesOf(plan);
+    let best = null;
+    for (let i = n - 1; i >= 0 && best === null; i -= 1) best = t.best_reward[i];
+    const text = plan.status === "running" ? "episode " + t.episodes[n - 1] : n + " episodes";
+    return text + (best === null ? " · nothing fits yet" : " · best step " + fmt.seconds(best * best));
+  }
+
+  function renderTrainings() {
+    const box = $("plan-trainings");
+    const learned = snap.plans.filter(function (p) { return episodesOf(p) > 0; });
+    $("plan-trainings-box").hidden = learned.length === 0;
+    const current = new Set(learned.map(function (p) { return String(p.id); }));
+    for (const card of Array.from(box.children)) {
+      if (!current.has(card.getAttribute("data-plan"))) {
+        delete trainingDrawn[card.getAttribute("data-plan")];
+        card.remove();
+      }
+    }
+    for (const plan of learned) {
+      const drawn = plan.status + ":" + episodesOf(plan);
+      if (trainingDrawn[plan.id] === drawn) continue;
+      trainingDrawn[plan.id] = drawn;
+      let card = box.querySelector('[data-plan="' + plan.id + '"]');
+      if (!card) {
+        card = h("div", { class: "plan-gantt plan-training", "data-plan": plan.id },
+          h("h3", null, h("span", null, plan.algorithm), h("span", { class: "muted small" })),
+          h("div", { class: "chart" }));
+        box.append(card);
+      }
+      card.querySelector("h3 .muted").textContent = trainingSummary(plan);
+      const traces = EP.charts.trainingTraces(plan.training);
+      Plotly.react(card.querySelector(".chart"), traces,
+        EP.charts.trainingLayout({ traces: traces, uirevision: "training-" + plan.id }),
+        Object.assign({}, EP.plotConfig, { displayModeBar: false }));
+    }
   }
 
   /* ---------------------------------------------------------------- live Gantt */
