@@ -23,6 +23,10 @@ urlpatterns = [
     path("runs/<int:run_id>/export/metrics.csv", views.run_export_metrics,
          name="export-metrics"),
     path("runs/<int:run_id>/export/plan.json", views.run_export_plan, name="export-plan"),
+    path("runs/<int:run_id>/export/model.json", views.run_export_profile,
+         name="export-profile"),
+    path("runs/<int:run_id>/export/devices.json", views.run_export_devices,
+         name="export-devices"),
 ]
 
 api_urlpatterns = ([

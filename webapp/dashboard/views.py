@@ -21,13 +21,14 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
+from orchestrator.errors import PlanningError
 from webapp.dashboard import selectors, services
 from webapp.dashboard.services import FormInvalid
 from webapp.devices import services as device_services
 from webapp.devices.events import devices_snapshot
 from webapp.devices.selectors import device_list, model_spec_list
 from webapp.runs.events import WINDOW_S
-from webapp.runs.selectors import plan_compare, run_devices, run_list
+from webapp.runs.selectors import plan_compare, run_devices, run_list, run_planning_inputs
 from webapp.runs.states import RunState
 
 
@@ -257,3 +258,26 @@ def run_export_plan(request: HttpRequest, run_id: int) -> JsonResponse:
                       else f"run {found.pk} has no computed plan {raw}")
     return _attachment(JsonResponse(plan.document, json_dumps_params={"indent": 2}),
                        f"edgepipe-run-{found.pk}-plan-{plan.algorithm}.json")
+
+
+def _planning_input(request: HttpRequest, run_id: int, part: str) -> JsonResponse:
+    found = get_object_or_404(run_list(), pk=run_id)
+    try:
+        profile, devices = run_planning_inputs(run=found)
+    except PlanningError as exc:
+        raise Http404(f"run {found.pk} cannot be planned yet: {exc}") from None
+    document = profile.to_json() if part == "model" else devices.to_json()
+    return _attachment(JsonResponse(document, json_dumps_params={"indent": 2}),
+                       f"edgepipe-run-{found.pk}.{part}.json")
+
+
+@login_required
+def run_export_profile(request: HttpRequest, run_id: int) -> JsonResponse:
+    """The model profile the run is planned with (``python -m orchestrator ... --profile``)."""
+    return _planning_input(request, run_id, "model")
+
+
+@login_required
+def run_export_devices(request: HttpRequest, run_id: int) -> JsonResponse:
+    """The device set the run is planned with, measured links included (``--devices``)."""
+    return _planning_input(request, run_id, "devices")

@@ -135,6 +135,40 @@ def test_a_run_without_a_plan_has_no_plan_to_download(browser: Client):
     assert f"run {run.pk} has no computed plan yet" in answer.content.decode()
 
 
+def test_the_planning_inputs_replan_to_the_same_plan_from_the_command_line(
+        browser: Client, gpipe_run, tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    paths = {}
+    for part in ("model", "devices"):
+        answer = browser.get(f"/runs/{gpipe_run.pk}/export/{part}.json")
+        assert answer.status_code == 200
+        assert answer["Content-Disposition"].endswith(f'-{gpipe_run.pk}.{part}.json"')
+        paths[part] = tmp_path / f"{part}.json"
+        paths[part].write_bytes(answer.content)
+    best = gpipe_run.plans.order_by("period_s").first()
+    planned = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "plan", "--profile", str(paths["model"]),
+         "--devices", str(paths["devices"]), "--algorithm", best.algorithm,
+         "--schedule", "gpipe", "--microbatches", "3"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert planned.returncode == 0, planned.stderr
+    plan = json.loads(planned.stdout)
+    assert plan["predicted"]["period_s"] == pytest.approx(best.period_s)
+    assert [s["layers"] for s in plan["stages"]] == [
+        s["layers"] for s in best.document["stages"]]
+
+
+def test_a_run_that_cannot_be_planned_has_no_inputs_to_download(browser: Client):
+    run = RunFactory()  # its devices have no profile of its model
+    answer = browser.get(f"/runs/{run.pk}/export/model.json")
+    assert answer.status_code == 404
+    assert f"run {run.pk} cannot be planned yet" in answer.content.decode()
+
+
 def test_downloads_need_a_login(client: Client, reported):
-    for name in ("trace.json", "metrics.csv", "plan.json"):
+    for name in ("trace.json", "metrics.csv", "plan.json", "model.json", "devices.json"):
         assert client.get(f"/runs/{reported.pk}/export/{name}").status_code == 302
