@@ -301,6 +301,22 @@ def test_every_page_renders_and_loads_only_from_the_server(visit: Visit, server:
     page.wait_for_selector("#profile-chart .main-svg")
     visit.screenshot("device-detail")
     assert f"{server.base}/static/vendor/plotly/plotly-basic.min.js" in visit.requests
+    # two runs ticked on the Runs page, compared side by side
+    user = server.api()
+    spec, _ = lab
+    for name in ("compare me", "and me"):
+        user.post("/api/runs/", {"name": name, "model_spec": spec, "devices": [
+            d["id"] for d in devices], "algorithms": ["uniform"]}, expect=201)
+    visit.go("/runs/")
+    boxes = page.locator('input[name="runs"]')
+    boxes.nth(0).check()
+    boxes.nth(1).check()
+    page.click("text=Compare selected")
+    page.wait_for_url(re.compile(r".*/runs/compare/\?runs=\d+&runs=\d+$"))
+    assert page.locator("#compare thead th").count() == 3  # the labels, then two runs
+    heads = page.inner_text("#compare thead").lower()  # shown in capitals
+    assert "and me" in heads and "compare me" in heads
+    visit.screenshot("runs-compare")
 
 
 def test_the_page_trims_its_window_as_the_server_does(visit: Visit, server: Server):

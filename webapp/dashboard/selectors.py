@@ -28,7 +28,7 @@ from webapp.devices.selectors import (
 )
 from webapp.runs.models import FaultEvent, MetricPoint, Plan, Run
 from webapp.runs.models import TimelineEvent as TimelineRow
-from webapp.runs.selectors import plan_best, run_list, run_planning_inputs
+from webapp.runs.selectors import plan_best, run_list, run_planning_inputs, run_summary
 from webapp.runs.states import ACTIVE, RunState
 
 RUNS_PER_PAGE = 50
@@ -380,3 +380,56 @@ def run_metric_rows(*, run: Run) -> Iterator[tuple[float, str, str, float]]:
     """Every metric point of the run, in time order: (at_s, kind, device, value)."""
     return (MetricPoint.objects.filter(run=run).order_by("at", "kind", "device", "id")
             .values_list("at", "kind", "device", "value").iterator(TRACE_CHUNK))
+
+
+# --------------------------------------------------------------------------- comparing runs
+
+COMPARE_MIN, COMPARE_MAX = 2, 6
+
+
+def runs_compare_ids(raw: list[str]) -> list[int]:
+    """The run ids of ``?runs=`` (repeated or comma-separated; each once, in the order
+    given); ValueError says what is wrong."""
+    ids: list[int] = []
+    for value in raw:
+        for part in value.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if not part.isdigit():
+                raise ValueError(f"runs: {part!r} is not a run number")
+            if int(part) not in ids:
+                ids.append(int(part))
+    if not COMPARE_MIN <= len(ids) <= COMPARE_MAX:
+        raise ValueError(f"runs: choose between {COMPARE_MIN} and {COMPARE_MAX} runs to compare, "
+                         f"got {len(ids)}")
+    return ids
+
+
+def runs_compared(runs: list[Run]) -> list[dict[str, Any]]:
+    """Each run with its figures (webapp.runs.selectors.run_summary: measured against the
+    simulator for the same plan and length, idle per device, loss) and its throughput over
+    time; the best measured throughput is marked."""
+    rows = []
+    for run in runs:
+        try:
+            summary = run_summary(run=run)
+            error = ""
+        except (PlanningError, FormatError) as exc:  # its devices' profiles changed since
+            summary, error = {}, str(exc)
+        measured = summary.get("throughput_steady_sps") or 0.0
+        predicted = summary.get("throughput_steady_predicted_sps") or 0.0
+        idle = summary.get("idle_s", {})
+        rows.append({
+            "run": run, "summary": summary, "error": error,
+            "ratio": measured / predicted if measured and predicted else None,
+            "idle_fraction": {d: f["idle_s"] / (f["busy_s"] + f["idle_s"])
+                              for d, f in idle.items() if f["busy_s"] + f["idle_s"] > 0},
+            "throughput": list(MetricPoint.objects.filter(
+                run=run, kind=MetricPoint.Kind.THROUGHPUT_SPS, device="")
+                .order_by("at").values_list("at", "value")),
+        })
+    best = max((r["summary"].get("throughput_steady_sps") or 0.0 for r in rows), default=0.0)
+    for r in rows:
+        r["best"] = best > 0 and (r["summary"].get("throughput_steady_sps") or 0.0) == best
+    return rows

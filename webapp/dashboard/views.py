@@ -281,3 +281,22 @@ def run_export_profile(request: HttpRequest, run_id: int) -> JsonResponse:
 def run_export_devices(request: HttpRequest, run_id: int) -> JsonResponse:
     """The device set the run is planned with, measured links included (``--devices``)."""
     return _planning_input(request, run_id, "devices")
+
+
+@login_required
+def runs_compare(request: HttpRequest) -> HttpResponse:
+    """Runs side by side (``?runs=3&runs=7``): plan, measured against predicted throughput,
+    idle time, loss and accuracy, and the throughput over time of each."""
+    try:
+        ids = selectors.runs_compare_ids(request.GET.getlist("runs"))
+    except ValueError as exc:
+        return render(request, "dashboard/runs_compare.html", {"error": str(exc)}, status=400)
+    found = {r.pk: r for r in run_list().filter(pk__in=ids)}
+    missing = [i for i in ids if i not in found]
+    if missing:
+        raise Http404(f"no run {missing[0]}")
+    rows = selectors.runs_compared([found[i] for i in ids])
+    series = [{"name": f"#{r['run'].pk} {r['run'].name}",
+               "x": [at for at, _ in r["throughput"]], "y": [v for _, v in r["throughput"]]}
+              for r in rows]
+    return render(request, "dashboard/runs_compare.html", {"rows": rows, "series": series})
