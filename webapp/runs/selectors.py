@@ -236,12 +236,18 @@ def run_faults(*, run: Run) -> list[dict[str, Any]]:
 def run_idle(*, run: Run, window_s: float = LIVE_WINDOW_S
              ) -> tuple[list[float], dict[str, dict[str, float]]]:
     """Each device's busy and idle time (with its causes) over the window ending at the newest
-    event, by the orchestrator's one definition (orchestrator.events.idle_breakdown)."""
-    events = [TimelineRecord(**row) for row in _timeline_window_json(run, window_s)]
+    event, by the orchestrator's one definition (orchestrator.events.idle_breakdown). The
+    window is the page's: the last ``window_s`` seconds, or less when more than
+    LIVE_MAX_EVENTS events end in them (then from the end of the newest LIVE_MAX_EVENTS-th).
+    A live run recomputes this every few seconds, so its cost stays bounded at any rate."""
+    rows = _timeline_window_json(run, window_s, newest_n=LIVE_MAX_EVENTS)
+    events = [TimelineRecord(**row) for row in rows]
     if not events:
         return [0.0, 0.0], {}
     hi = max(e.end for e in events)
     lo = max(0.0, hi - window_s)
+    if len(events) >= LIVE_MAX_EVENTS:
+        lo = max(lo, min(e.end for e in events))
     devices = sorted({e.device for e in events})
     return [lo, hi], {d: idle_breakdown([e for e in events if e.device == d], window=(lo, hi),
                                         schedule=run.schedule).to_json()

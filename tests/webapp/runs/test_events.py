@@ -134,6 +134,7 @@ def test_a_live_page_brought_forward_by_deltas_equals_a_fresh_snapshot(
         assert len(fresh["timeline"]) == limit
         stored = sorted(TimelineEvent.objects.filter(run=run).values_list("end", flat=True))
         assert min(e["end"] for e in fresh["timeline"]) == stored[-limit]
+        assert fresh["idle"]["window"][0] == stored[-limit]  # the idle of what the page shows
     assert len(fresh["faults"]) == 2  # every fault is kept, not only the window's
     idle = fresh["idle"]["devices"][devices[0].uid]
     assert idle["busy_s"] + idle["idle_s"] == pytest.approx(
