@@ -300,7 +300,11 @@ class AgentRuntime:
             stop=deployment_stop, running=running)
         self.deployments[spec.run] = Deployment(spec=spec, executor=executor, clock=clock,
                                                 stop=deployment_stop, running=running)
-        threading.Timer(DEPLOYMENT_TTL_S, self._drop_if_not_started, args=(spec.run,)).start()
+        # a daemon: a pending timer must not keep a stopping agent alive for DEPLOYMENT_TTL_S
+        # (it did: `run` took five minutes to exit after SIGTERM following a deployment)
+        timer = threading.Timer(DEPLOYMENT_TTL_S, self._drop_if_not_started, args=(spec.run,))
+        timer.daemon = True
+        timer.start()
         return {"ok": True}
 
     def _drop_if_not_started(self, run: int) -> None:
