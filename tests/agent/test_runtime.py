@@ -203,14 +203,14 @@ def test_worker_threads_set_their_own_torch_threads(monkeypatch: pytest.MonkeyPa
 
 def test_an_agent_that_held_a_deployment_exits_when_it_stops() -> None:
     # the deployment's expiry timer kept the interpreter alive for DEPLOYMENT_TTL_S (300 s)
-    script = f"""
+    script = """
 import threading
 from agent.config import AgentConfig, Enrolment
 from agent.runtime import AgentRuntime
 from tests.agent.test_runtime import ENROLMENT, command, spec
 agent = AgentRuntime(AgentConfig(enrolment=ENROLMENT), stop=threading.Event())
 ack = agent.handle_command(command("deploy", run=7, spec=spec(),
-                                   peers={{"edge-other": "tcp://127.0.0.1:9"}}))
+                                   peers={"edge-other": "tcp://127.0.0.1:9"}))
 assert ack["ok"], ack
 agent.close()
 print("closed")
