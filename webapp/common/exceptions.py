@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 
@@ -54,3 +55,18 @@ class IllegalTransition(Conflict):
     @property
     def transition(self) -> str:
         return f"{self.state} -> {self.target}"
+
+
+def distinct_choices(values: Sequence[str], known: Collection[str], *, field: str,
+                     what: str) -> list[str]:
+    """``values`` when they name at least one of ``known`` and none twice; else InvalidInput
+    naming the entry (``field[i]``) and saying what is wrong (``what``: "algorithm")."""
+    if not values:
+        raise InvalidInput(field, f"must name at least one {what}")
+    for i, value in enumerate(values):
+        if value not in known:
+            raise InvalidInput(f"{field}[{i}]", f"unknown {what} {value!r}; known: "
+                                                f"{', '.join(known)}")
+        if value in values[:i]:
+            raise InvalidInput(f"{field}[{i}]", f"repeats {value!r}")
+    return list(values)

@@ -24,7 +24,7 @@ from orchestrator.events import parse_event, parse_fault
 from orchestrator.formats import SCHEDULES, parse_plan
 from orchestrator.partition import LEARNED, PLANNERS, run_planner
 from orchestrator.simulator import simulate
-from webapp.common.exceptions import Conflict, InvalidInput
+from webapp.common.exceptions import Conflict, InvalidInput, distinct_choices
 from webapp.devices.commands import command_build, device_command_send
 from webapp.devices.models import Device, ModelSpec
 from webapp.runs import events, selectors
@@ -48,15 +48,7 @@ TRAINING_SAVE_EVERY_S = 1.0
 
 
 def _check_algorithms(algorithms: Sequence[str], field: str = "algorithms") -> list[str]:
-    if not algorithms:
-        raise InvalidInput(field, "must name at least one algorithm")
-    for i, name in enumerate(algorithms):
-        if name not in PLANNERS:
-            raise InvalidInput(f"{field}[{i}]", f"unknown algorithm {name!r}; known: "
-                                                f"{', '.join(PLANNERS)}")
-        if name in algorithms[:i]:
-            raise InvalidInput(f"{field}[{i}]", f"repeats {name!r}")
-    return list(algorithms)
+    return distinct_choices(algorithms, PLANNERS, field=field, what="algorithm")
 
 
 @transaction.atomic

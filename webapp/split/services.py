@@ -22,7 +22,7 @@ from orchestrator.errors import FormatError, PlanningError
 from orchestrator.sl.formats import Instance, parse_instance
 from orchestrator.sl.solve import DEFAULT_TIME_LIMIT_S, METHODS, solve
 from webapp.common.errors import flatten_errors
-from webapp.common.exceptions import InvalidInput
+from webapp.common.exceptions import InvalidInput, distinct_choices
 from webapp.dashboard.services import FormErrors, FormInvalid, form_field
 from webapp.split import selectors
 from webapp.split.models import SplitSchedule, SplitStudy
@@ -46,15 +46,7 @@ UPLOADED = "uploaded"
 
 
 def _check_methods(methods: Sequence[str]) -> list[str]:
-    if not methods:
-        raise InvalidInput("methods", "must name at least one method")
-    for k, method in enumerate(methods):
-        if method not in METHODS:
-            raise InvalidInput(f"methods[{k}]", f"unknown method {method!r}; known: "
-                                                f"{', '.join(METHODS)}")
-        if method in methods[:k]:
-            raise InvalidInput(f"methods[{k}]", f"repeats {method!r}")
-    return list(methods)
+    return distinct_choices(methods, METHODS, field="methods", what="method")
 
 
 def _check_settings(*, name: str, time_limit_s: float, switch_slots: int, seed: int) -> None:
