@@ -187,10 +187,9 @@ _TIMELINE_FIELDS = ("device", "stage", "kind", "microbatch", "version", "start",
 
 def _timeline_window_json(run: Run, window_s: float, *, newest_n: int | None = None
                           ) -> list[dict[str, Any]]:
-    """The window's events as timeline_json gives them, read as plain rows: a live run reads
-    its window back every few seconds, and building a model instance per row cost three
-    quarters of that time. With ``newest_n``, only the events that end no earlier than the
-    n-th newest end (at least n rows: ties)."""
+    """The window's events as timeline_json gives them (a live run reads its window back every
+    few seconds). With ``newest_n``, only the events that end no earlier than the n-th newest
+    end (at least n rows: ties)."""
     window = TimelineEvent.objects.filter(run=run)
     newest = window.aggregate(m=Max("end"))["m"]
     if newest is None:
@@ -200,7 +199,13 @@ def _timeline_window_json(run: Run, window_s: float, *, newest_n: int | None = N
         nth = list(window.order_by("-end").values_list("end", flat=True)[newest_n - 1:newest_n])
         if nth:
             window = window.filter(end__gte=nth[0])
-    rows = window.values_list(*_TIMELINE_FIELDS)
+    return _timeline_rows_json(run, window)
+
+
+def _timeline_rows_json(run: Run, events: QuerySet[TimelineEvent]) -> list[dict[str, Any]]:
+    """``events`` as timeline_json gives them, read as plain rows (a model instance per row
+    cost three quarters of reading a run's events back)."""
+    rows = events.values_list(*_TIMELINE_FIELDS)
     return [{"run": run.pk, **dict(zip(_TIMELINE_FIELDS, row, strict=True))} for row in rows]
 
 
@@ -259,8 +264,8 @@ def run_summary(*, run: Run) -> dict[str, Any]:
     simulator's prediction for the same plan and length, where the devices waited, and how
     the loss went. Throughputs count samples over the time from the run's start to its last
     event, both measured and simulated, so they compare like for like."""
-    timeline = [TimelineRecord(**timeline_json(r))
-                for r in TimelineEvent.objects.filter(run=run)]
+    timeline = [TimelineRecord(**row)
+                for row in _timeline_rows_json(run, TimelineEvent.objects.filter(run=run))]
     spec = run.model_spec
     plan = run.chosen_plan
     summary: dict[str, Any] = {"run": run.pk, "state": run.state, "error": run.error or None,
