@@ -195,7 +195,6 @@ class StageExecutor:
         self.dataset = dataset
         self.on_event = on_event or (lambda e: None)
         self.on_metric = on_metric or (lambda m: None)
-        self.slowdown = slowdown
         self.emulation = Slowdown(slowdown)
         self.stop = stop or threading.Event()
         # cleared while the run is paused: the stage finishes its current action, then waits
