@@ -16,24 +16,17 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
+from tests.webapp.integration.stack import child_env, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 MICROBATCHES, BATCHES = 8, 40
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     var = tmp_path_factory.mktemp("pipeline")
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("REDIS_URL", "DATABASE_URL", "DJANGO_SETTINGS_MODULE")}
-    env.update(EDGEPIPE_VAR_DIR=str(var), DJANGO_SETTINGS_MODULE="webapp.settings.local")
+    env = child_env(EDGEPIPE_VAR_DIR=str(var), DJANGO_SETTINGS_MODULE="webapp.settings.local")
     result = subprocess.run(
         [sys.executable, "manage.py", "demo", "--headless", "--port", str(free_port()),
          "--model", "mlp", "--dataset", "digits", "--plan", "ftpipehd",
@@ -95,9 +88,7 @@ def test_sigterm_stops_the_demo_and_every_process_it_started(tmp_path: Path) -> 
     import signal
     import time
 
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("REDIS_URL", "DATABASE_URL", "DJANGO_SETTINGS_MODULE")}
-    env.update(EDGEPIPE_VAR_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="webapp.settings.local")
+    env = child_env(EDGEPIPE_VAR_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="webapp.settings.local")
     port = free_port()
     demo = subprocess.Popen(
         [sys.executable, "manage.py", "demo", "--port", str(port), "--model", "mlp",
@@ -133,9 +124,7 @@ def test_sigterm_stops_the_demo_and_every_process_it_started(tmp_path: Path) -> 
 
 
 def test_the_demo_says_when_its_port_is_taken(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("REDIS_URL", "DATABASE_URL", "DJANGO_SETTINGS_MODULE")}
-    env.update(EDGEPIPE_VAR_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="webapp.settings.local")
+    env = child_env(EDGEPIPE_VAR_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="webapp.settings.local")
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
