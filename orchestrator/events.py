@@ -23,8 +23,8 @@ from orchestrator.validation import (
 EVENT_KINDS = ("forward", "backward", "send", "recv", "update", "replicate", "aggregate", "load")
 COMPUTE_KINDS = ("forward", "backward", "update", "aggregate")
 FAULT_KINDS = ("device_lost", "device_joined", "recovery_started", "repartitioned",
-               "weights_redistributed", "recovered", "run_started", "run_paused", "run_finished",
-               "run_failed")
+               "repartition_skipped", "weights_redistributed", "recovered", "run_started",
+               "run_paused", "run_finished", "run_failed")
 
 
 @dataclass(frozen=True)
