@@ -80,7 +80,8 @@ def run_create(api: APIClient) -> Endpoint:
     return Endpoint(api, "post", "/api/runs/", {
         "name": "r", "model_spec": ModelSpecFactory().pk, "devices": [d.pk for d in devices],
         "algorithms": ["ftpipehd"], "schedule": "gpipe", "microbatches": 4, "batches": 10,
-        "epochs": 2}, 201)
+        "epochs": 2, "chain_every": 1, "global_every": 0, "repartition_after": 5,
+        "repartition_every": 50}, 201)
 
 
 def run_plan(api: APIClient) -> Endpoint:
@@ -178,6 +179,12 @@ CASES = [
     ("run_create", "microbatches", "8", "microbatches", "must be an integer"),
     ("run_create", "batches", -3, "batches", "Ensure this value is greater"),
     ("run_create", "epochs", 2.5, "epochs", "must be an integer"),
+    ("run_create", "chain_every", -1, "chain_every", "Ensure this value is greater than or "
+                                                    "equal to 0"),
+    ("run_create", "global_every", "10", "global_every", "must be an integer"),
+    ("run_create", "repartition_after", 0, "repartition_after", "Ensure this value is greater "
+                                                                "than or equal to 1"),
+    ("run_create", "repartition_every", 1.5, "repartition_every", "must be an integer"),
     ("run_plan", "algorithms", "uniform", "algorithms", "Expected a list of items"),
     ("run_plan", "algorithms", ["uniform", "uniform"], "algorithms[1]", "repeats 'uniform'"),
     ("run_plan", "algorithms", [], "algorithms", "This list may not be empty"),

@@ -31,6 +31,22 @@ def test_a_plan_documents_its_training_curve(anon):
                                              "nullable": True}
 
 
+def test_the_replica_endpoint_documents_its_raw_bodies(anon):
+    schema = anon.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+    replicas = schema["paths"]["/api/agent/runs/{run_id}/replicas/"]
+    assert {"get", "put"} <= set(replicas)
+    for method in ("get", "put"):
+        assert {p["name"] for p in replicas[method]["parameters"]} >= {
+            "first", "last", "applied"}
+        assert replicas[method]["security"] == [{"deviceKey": []}]
+    assert set(replicas["put"]["requestBody"]["content"]) == {"application/octet-stream"}
+    assert set(replicas["get"]["responses"]["200"]["content"]) == {"application/octet-stream"}
+    assert "404" in replicas["get"]["responses"]
+    run = schema["components"]["schemas"]["RunOutput"]["properties"]
+    assert {"chain_every", "global_every", "repartition_after", "repartition_every",
+            "generation"} <= set(run)
+
+
 def test_the_documentation_page_loads_everything_from_this_server(anon):
     answer = anon.get("/api/docs/")
     assert answer.status_code == 200

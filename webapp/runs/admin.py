@@ -1,6 +1,16 @@
 from django.contrib import admin
+from django.http import HttpRequest
 
-from webapp.runs.models import FaultEvent, MetricPoint, Plan, Run, RunDevice, TimelineEvent
+from webapp.runs.models import (
+    FaultEvent,
+    Generation,
+    MetricPoint,
+    Plan,
+    Run,
+    RunDevice,
+    TimelineEvent,
+    WeightReplica,
+)
 
 
 class RunDeviceInline(admin.TabularInline):
@@ -24,8 +34,8 @@ class RunAdmin(admin.ModelAdmin):
                     "created_at")
     list_filter = ("state", "schedule")
     search_fields = ("name",)
-    readonly_fields = ("state", "chosen_plan", "created_at", "updated_at", "started_at",
-                       "finished_at")
+    readonly_fields = ("state", "chosen_plan", "generation", "recovery", "created_at",
+                       "updated_at", "started_at", "finished_at")
     inlines = (RunDeviceInline, PlanInline)
 
 
@@ -60,5 +70,38 @@ class MetricPointAdmin(admin.ModelAdmin):
 
 @admin.register(RunDevice)
 class RunDeviceAdmin(admin.ModelAdmin):
-    list_display = ("run", "position", "device")
+    list_display = ("run", "position", "device", "stage", "stage_state")
+    list_filter = ("stage_state",)
     raw_id_fields = ("run", "device")
+    readonly_fields = ("holdings",)
+
+
+@admin.register(Generation)
+class GenerationAdmin(admin.ModelAdmin):
+    """Written by the recovery and the dynamic re-partition only: shown, not edited."""
+
+    list_display = ("run", "number", "cause", "planner", "predicted_throughput_sps",
+                    "resume_microbatch", "detected_at", "resumed_at", "bytes_moved")
+    list_filter = ("cause", "planner")
+    raw_id_fields = ("run",)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+@admin.register(WeightReplica)
+class WeightReplicaAdmin(admin.ModelAdmin):
+    """Uploaded by agents only; deleting a row deletes its file (webapp.runs.replicas)."""
+
+    list_display = ("run", "first", "last", "applied", "device", "bytes", "created_at")
+    raw_id_fields = ("run",)
+    search_fields = ("device",)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False

@@ -3,9 +3,20 @@
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema, inline_serializer
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpResponse, HttpResponseBase
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    inline_serializer,
+)
 from rest_framework import serializers, status
 from rest_framework.exceptions import PermissionDenied
+from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -16,7 +27,7 @@ from webapp.common.api import get_or_404, validated
 from webapp.common.exceptions import InvalidInput
 from webapp.devices.apis import AgentApi
 from webapp.devices.selectors import device_list, model_spec_list
-from webapp.runs import selectors, services
+from webapp.runs import replicas, selectors, services
 from webapp.runs.models import MetricPoint, Run
 from webapp.runs.serializers import PlanDetailOutput, RunOutput
 
@@ -44,6 +55,19 @@ class RunListCreateApi(APIView):
                                            default=8)
         batches = fields.IntegerField(min_value=1, max_value=10**9, required=False, default=100)
         epochs = fields.IntegerField(min_value=1, max_value=10**6, required=False, default=1)
+        chain_every = fields.IntegerField(
+            min_value=0, max_value=10**9, required=False, default=2,
+            help_text="batches between chain replicas (each stage's weights to the next "
+                      "stage's device); 0 = off")
+        global_every = fields.IntegerField(
+            min_value=0, max_value=10**9, required=False, default=10,
+            help_text="batches between replicas uploaded to the server; 0 = off")
+        repartition_after = fields.IntegerField(
+            min_value=1, max_value=10**9, required=False, default=10,
+            help_text="batches before the first dynamic re-partition check")
+        repartition_every = fields.IntegerField(
+            min_value=0, max_value=10**9, required=False, default=100,
+            help_text="batches between dynamic re-partition checks; 0 = off")
 
     @extend_schema(parameters=[RunFilter], responses=RunOutput(many=True))
     def get(self, request: Request) -> Response:
@@ -177,3 +201,112 @@ class AgentRunEventsApi(AgentApi):
         stored = services.run_events_store(run=run, device=request.auth, **data)
         return Response(stored, status=status.HTTP_201_CREATED)
 
+
+
+class OctetStreamRenderer(BaseRenderer):
+    """Lets an agent ask for ``Accept: application/octet-stream`` (else a 406): the replica
+    itself is sent as an HttpResponse, errors as JSON (AgentRunReplicasApi.finalize_response)."""
+
+    media_type = "application/octet-stream"
+    format = "bin"
+    charset = None
+    render_style = "binary"
+
+    def render(self, data: Any, accepted_media_type: str | None = None,
+               renderer_context: dict[str, Any] | None = None) -> bytes:
+        if isinstance(data, bytes):
+            return data
+        rendered: bytes = JSONRenderer().render(data)
+        return rendered
+
+
+REPLICA_MISSING = inline_serializer("ReplicaMissing", {
+    "detail": serializers.CharField(), "layer": serializers.IntegerField()})
+# the renderers' ?format= override is of no use to agents
+NO_FORMAT = OpenApiParameter("format", exclude=True)
+
+
+class AgentRunReplicasApi(AgentApi):
+    """Global replicas (webapp.runs.replicas): a staged device uploads its stage's weights
+    (safetensors, the raw request body), a device restoring a stage downloads the layers the
+    recovery told it to take from the server."""
+
+    renderer_classes = (JSONRenderer, OctetStreamRenderer)
+
+    class ReplicaQuery(serializers.Serializer):
+        first = serializers.IntegerField(min_value=0, max_value=replicas.MAX_LAYER,
+                                         help_text="first layer (inclusive)")
+        last = serializers.IntegerField(min_value=0, max_value=replicas.MAX_LAYER,
+                                        help_text="last layer (inclusive)")
+        applied = serializers.IntegerField(
+            min_value=0, max_value=replicas.MAX_LAYER,
+            help_text="micro-batches whose updates the weights contain")
+
+    def _query(self, request: Request) -> dict[str, int]:
+        query = self.ReplicaQuery(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        return dict(query.validated_data)
+
+    def finalize_response(self, request: Request, response: HttpResponseBase, *args: Any,
+                          **kwargs: Any) -> HttpResponseBase:
+        if isinstance(response, Response):  # an error: JSON whatever the agent accepts
+            request.accepted_renderer = JSONRenderer()
+            request.accepted_media_type = JSONRenderer.media_type
+        return super().finalize_response(request, response, *args, **kwargs)
+
+    @extend_schema(
+        parameters=[ReplicaQuery, NO_FORMAT],
+        request={"application/octet-stream": OpenApiTypes.BINARY},
+        responses={(201, "application/json"): inline_serializer("ReplicaStored", {
+            "id": serializers.IntegerField(), "bytes": serializers.IntegerField(),
+            "sha256": serializers.CharField()})},
+        description="Upload the weights of layers first..last at applied (safetensors, tensor "
+                    "names '<layer index>.<name>', at most REPLICA_MAX_BYTES); the server "
+                    "keeps the two newest applied of each layer range.")
+    def put(self, request: Request, run_id: int) -> Response:
+        run = _member_run(request, run_id)
+        query = self._query(request)
+        data = _body(request, limit=settings.REPLICA_MAX_BYTES)
+        replica = replicas.replica_store(run=run, device=request.auth, data=data, **query)
+        return Response({"id": replica.pk, "bytes": replica.bytes, "sha256": replica.sha256},
+                        status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        parameters=[ReplicaQuery, NO_FORMAT],
+        responses={(200, "application/octet-stream"): OpenApiTypes.BINARY,
+                   (404, "application/json"): OpenApiResponse(
+                       REPLICA_MISSING, description="no replica holds a layer: the detail "
+                                                    "names it, `layer` is its index")},
+        description="The server's replicas of layers first..last at exactly applied, merged "
+                    "into one safetensors file (metadata run, first, last, applied).")
+    def get(self, request: Request, run_id: int) -> HttpResponseBase:
+        run = _member_run(request, run_id)
+        try:
+            blob = replicas.replica_read(run=run, **self._query(request))
+        except replicas.ReplicaMissing as missing:
+            return Response({"detail": missing.message, "layer": missing.layer},
+                            status=status.HTTP_404_NOT_FOUND)
+        return HttpResponse(blob, content_type="application/octet-stream")
+
+
+def _body(request: Request, *, limit: int) -> bytes:
+    """The raw request body, at most ``limit`` bytes. Read from the stream, not request.body:
+    Django refuses a body past DATA_UPLOAD_MAX_MEMORY_SIZE (2.5 MB) there, and a replica is
+    often larger; REPLICA_MAX_BYTES is this endpoint's own bound."""
+    declared = request.META.get("CONTENT_LENGTH") or "0"
+    if declared.isdigit() and int(declared) > limit:
+        raise InvalidInput("body", f"is {declared} bytes, more than REPLICA_MAX_BYTES ({limit})")
+    stream = request.stream
+    if stream is None:
+        return b""
+    chunks: list[bytes] = []
+    size = 0
+    while size <= limit:
+        chunk = stream.read(min(1 << 20, limit + 1 - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    if size > limit:
+        raise InvalidInput("body", f"is more than REPLICA_MAX_BYTES ({limit}) bytes")
+    return b"".join(chunks)

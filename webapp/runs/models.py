@@ -40,6 +40,22 @@ class Run(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # fault tolerance and dynamic re-partition (docs/architecture.md)
+    chain_every = models.PositiveIntegerField(
+        default=2, help_text="batches between chain replicas (each stage's checkpoint sent to "
+                             "the next stage's device); 0 = off")
+    global_every = models.PositiveIntegerField(
+        default=10, help_text="batches between replicas uploaded to the server; 0 = off")
+    repartition_after = models.PositiveIntegerField(
+        default=10, help_text="batches before the first dynamic re-partition check")
+    repartition_every = models.PositiveIntegerField(
+        default=100, help_text="batches between dynamic re-partition checks; "
+                               "0 = dynamic re-partition off")
+    generation = models.PositiveIntegerField(
+        default=0, help_text="the current deployment: 0 at start, +1 at each recovery or "
+                             "re-partition")
+    recovery = models.JSONField(default=dict, blank=True,
+                                help_text="the ongoing recovery's working state")
 
     class Meta:
         ordering = ("-created_at", "-id")
@@ -60,6 +76,9 @@ class RunDevice(models.Model):
         RUNNING = "running"
         DONE = "done"
         FAILED = "failed"
+        HALTING = "halting"  # sent halt (a recovery), no ack yet
+        HALTED = "halted"  # stopped; its holdings are known
+        LOST = "lost"  # dead or restarted: its stage's state is gone
 
     device = models.ForeignKey(Device, on_delete=models.PROTECT, related_name="run_devices")
     position = models.PositiveSmallIntegerField()
@@ -68,6 +87,9 @@ class RunDevice(models.Model):
     stage_state = models.CharField(max_length=16, choices=StageState.choices,
                                    default=StageState.IDLE)
     stage_error = models.TextField(blank=True)
+    holdings = models.JSONField(
+        default=list, blank=True,
+        help_text="what the halted agent reported holding: [{layers [a, e], applied, kind}]")
 
     class Meta:
         ordering = ("run_id", "position")
@@ -120,6 +142,70 @@ class Plan(models.Model):
 
     def __str__(self) -> str:
         return f"{self.algorithm} plan of run {self.run_id} ({self.status})"
+
+
+class Generation(models.Model):
+    """One deployment of a run: the start (0), then one per recovery or dynamic re-partition;
+    kept so the run page and the report show what each re-plan chose and what it cost."""
+
+    class Cause(models.TextChoices):
+        START = "start"
+        FAILURE = "failure"
+        DYNAMIC = "dynamic"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="generations")
+    number = models.PositiveIntegerField()
+    cause = models.CharField(max_length=16, choices=Cause.choices)
+    lost = models.JSONField(default=list, blank=True, help_text="uids of the devices lost")
+    planner = models.CharField(max_length=32)
+    plan = models.JSONField(help_text="the plan document (docs/architecture.md)")
+    predicted_throughput_sps = models.FloatField(null=True, blank=True)
+    resume_microbatch = models.PositiveIntegerField(
+        default=0, help_text="the resume point V: training restarts at this micro-batch")
+    detected_at = models.FloatField(null=True, blank=True,
+                                    help_text="seconds since the run started")
+    resumed_at = models.FloatField(null=True, blank=True,
+                                   help_text="seconds since the run started")
+    transfers = models.JSONField(default=list, blank=True,
+                                 help_text="the weight parts moved to restore this generation")
+    bytes_moved = models.BigIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ("run_id", "number")
+        constraints = (
+            models.UniqueConstraint(fields=["run", "number"], name="generation_number_unique"),
+        )
+
+    def __str__(self) -> str:
+        return f"generation {self.number} of run {self.run_id} ({self.cause})"
+
+
+class WeightReplica(models.Model):
+    """A stage's weights at some applied v uploaded to the server (global replication): the
+    copy of last resort when a device and its chain replica are both lost."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="weight_replicas")
+    device = models.CharField(max_length=64, help_text="the uploader's uid")
+    first = models.PositiveIntegerField(help_text="first layer (inclusive)")
+    last = models.PositiveIntegerField(help_text="last layer (inclusive)")
+    applied = models.PositiveIntegerField(
+        help_text="micro-batches whose updates the weights contain")
+    path = models.CharField(max_length=500, help_text="relative to settings.REPLICA_DIR")
+    bytes = models.BigIntegerField()
+    sha256 = models.CharField(max_length=64)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ("run_id", "first", "applied")
+        constraints = (
+            models.UniqueConstraint(fields=["run", "first", "last", "applied"],
+                                    name="weight_replica_unique"),
+        )
+
+    def __str__(self) -> str:
+        return (f"replica of layers {self.first}-{self.last} at applied {self.applied} "
+                f"(run {self.run_id})")
 
 
 class TimelineEvent(models.Model):

@@ -23,6 +23,15 @@ class RunOutput(serializers.Serializer):
     microbatches = serializers.IntegerField()
     batches = serializers.IntegerField()
     epochs = serializers.IntegerField()
+    chain_every = serializers.IntegerField(help_text="batches between chain replicas; 0 = off")
+    global_every = serializers.IntegerField(
+        help_text="batches between replicas uploaded to the server; 0 = off")
+    repartition_after = serializers.IntegerField(
+        help_text="batches before the first dynamic re-partition check")
+    repartition_every = serializers.IntegerField(
+        help_text="batches between dynamic re-partition checks; 0 = off")
+    generation = serializers.IntegerField(
+        help_text="the current deployment: 0 at start, +1 at each recovery or re-partition")
     state = serializers.CharField()
     error = serializers.CharField()
     chosen_plan = serializers.IntegerField(source="chosen_plan_id")

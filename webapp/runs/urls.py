@@ -16,4 +16,6 @@ urlpatterns = [
     path("agent/runs/<int:run_id>/", apis.AgentRunDetailApi.as_view(), name="agent-run-detail"),
     path("agent/runs/<int:run_id>/events/", apis.AgentRunEventsApi.as_view(),
          name="agent-run-events"),
+    path("agent/runs/<int:run_id>/replicas/", apis.AgentRunReplicasApi.as_view(),
+         name="agent-run-replicas"),
 ]

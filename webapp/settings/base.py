@@ -207,6 +207,12 @@ PLANNING_SIMULATED_BATCHES = env.int("PLANNING_SIMULATED_BATCHES", default=4)
 # Episodes a learned planner (TAPP) trains for; unset: the planner's own default.
 PLANNING_LEARNED_EPISODES = env.int("PLANNING_LEARNED_EPISODES", default=None)
 ENROLLMENT_TOKEN_TTL_S = env.int("ENROLLMENT_TOKEN_TTL_S", default=24 * 3600)
+# Fault tolerance (docs/architecture.md): where the stages' weights uploaded to the server
+# (global replicas, safetensors) are kept, the largest upload taken, and how long a probed
+# agent has to answer before it is counted dead.
+REPLICA_DIR = Path(env.str("REPLICA_DIR", default=str(VAR_DIR / "replicas"))).resolve()
+REPLICA_MAX_BYTES = env.int("REPLICA_MAX_BYTES", default=256 * 2**20)
+PROBE_TIMEOUT_S = env.float("PROBE_TIMEOUT_S", default=1.0)
 
 # --------------------------------------------------------------------------- REST API
 

@@ -1,0 +1,246 @@
+"""Global replicas: the stages' weights uploaded to the server every ``global_every`` batches
+(docs/architecture.md, "Fault tolerance and dynamic re-partition"), the copy of last resort
+when a device and the device holding its chain replica are lost together.
+
+A replica is a safetensors file (a JSON header and raw tensor bytes: loading one runs no code,
+unlike pickle, so the server never unpickles what a device sends) under ``REPLICA_DIR``, whose
+tensor names are ``<layer index>.<name in the layer>``: any later stage layout can take the
+layers it needs out of it. The server keeps the two newest ``applied`` of each layer range, as
+every holder does: the newest may be incomplete across stages (one stage uploaded it, another
+not yet), the one before is then the resume point.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from django.conf import settings
+from django.db import transaction
+from django.db.models.signals import post_delete
+from django.utils import timezone
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load as safetensors_load
+from safetensors.torch import save as safetensors_save
+
+from webapp.common.exceptions import ApplicationError, InvalidInput
+from webapp.devices.models import Device
+from webapp.runs.models import Run, RunDevice, WeightReplica
+
+log = logging.getLogger(__name__)
+
+KEEP = 2  # applied versions kept per (run, first, last)
+MAX_LAYER = 2**31 - 1  # the columns' range
+METADATA_KEYS = ("run", "first", "last", "applied")
+
+
+class ReplicaMissing(ApplicationError):
+    """No replica on the server holds ``layer`` at the asked ``applied`` (404): the recovery
+    planned a part the server cannot give, or the file went missing."""
+
+    status_code = 404
+
+    def __init__(self, *, run: Run, layer: int, applied: int) -> None:
+        super().__init__(f"layer {layer}: run {run.pk} has no replica of it at applied "
+                         f"{applied} on the server")
+        self.layer = layer
+        self.applied = applied
+
+
+def replica_dir(run_id: int) -> Path:
+    return Path(settings.REPLICA_DIR) / f"run-{run_id}"
+
+
+def _absolute(relative: str) -> Path:
+    """A row's file, refusing a path that leaves REPLICA_DIR (rows are written only here, but
+    deleting or serving a file named by the database should not trust it blindly)."""
+    root = Path(settings.REPLICA_DIR).resolve()
+    path = (root / relative).resolve()
+    if not path.is_relative_to(root):
+        raise ValueError(f"replica path {relative!r} is outside REPLICA_DIR")
+    return path
+
+
+def tensor_layer(name: str) -> int | None:
+    """The layer index a tensor name starts with (``"3.weight"`` -> 3), None if it has none."""
+    index, dot, rest = name.partition(".")
+    if not dot or not rest or not index.isascii() or not index.isdigit():
+        return None
+    return int(index)
+
+
+def _check_range(first: int, last: int, applied: int) -> None:
+    for field, value in (("first", first), ("last", last), ("applied", applied)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_LAYER:
+            raise InvalidInput(field, f"must be an integer between 0 and {MAX_LAYER}")
+    if first > last:
+        raise InvalidInput("last", f"must be at least first ({first}), is {last}")
+
+
+def _check_tensors(data: bytes, *, run: Run, first: int, last: int, applied: int) -> None:
+    """``data`` must be safetensors whose every tensor belongs to a layer of first..last (a
+    stage uploads its own layers) and whose metadata, where given, agrees with the query."""
+    limit = settings.REPLICA_MAX_BYTES
+    if not data:
+        raise InvalidInput("body", "is empty; expected safetensors")
+    if len(data) > limit:
+        raise InvalidInput("body", f"is {len(data)} bytes, more than REPLICA_MAX_BYTES ({limit})")
+    try:
+        tensors = safetensors_load(data)
+    except (SafetensorError, ValueError, RuntimeError, TypeError) as exc:
+        raise InvalidInput("body", f"is not safetensors ({exc})") from None
+    for name in sorted(tensors):
+        layer = tensor_layer(name)
+        if layer is None:
+            raise InvalidInput("body", f"tensor {name!r} is not named '<layer index>.<name>'")
+        if not first <= layer <= last:
+            raise InvalidInput("body", f"tensor {name!r} is of layer {layer}, outside layers "
+                                       f"{first}..{last}")
+    expected = {"run": run.pk, "first": first, "last": last, "applied": applied}
+    metadata = _metadata(data)
+    for key in METADATA_KEYS:
+        if key in metadata and metadata[key] != str(expected[key]):
+            raise InvalidInput("body", f"metadata {key} is {metadata[key]!r}, the request "
+                                       f"says {expected[key]}")
+
+
+def _metadata(data: bytes) -> dict[str, str]:
+    """The safetensors header's ``__metadata__`` (the load above has checked the header)."""
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + size])
+    metadata = header.get("__metadata__") or {}
+    return {str(k): str(v) for k, v in metadata.items()}
+
+
+def _write_atomically(directory: Path, data: bytes) -> Path:
+    """``data`` in a temporary file of ``directory`` (the same file system, so that the
+    os.replace that publishes it is atomic: a reader never sees half a replica)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=directory, prefix=".upload-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise
+    return Path(name)
+
+
+def replica_store(*, run: Run, device: Device, first: int, last: int, applied: int,
+                  data: bytes) -> WeightReplica:
+    """Keep ``data``, the weights of layers ``first``..``last`` at ``applied`` that ``device``
+    (a staged device of ``run``) uploaded; InvalidInput naming the field, and nothing stored,
+    if it is not that. The same (layers, applied) again replaces the earlier upload; of each
+    layer range only the two newest applied are kept."""
+    _check_range(first, last, applied)
+    if not RunDevice.objects.filter(run=run, device=device, stage__isnull=False).exists():
+        raise InvalidInput("device", f"device {device.uid} holds no stage of run {run.pk}")
+    _check_tensors(data, run=run, first=first, last=last, applied=applied)
+    directory = replica_dir(run.pk)
+    relative = f"run-{run.pk}/{first}-{last}@{applied}.safetensors"
+    digest = hashlib.sha256(data).hexdigest()
+    tmp = _write_atomically(directory, data)
+    try:
+        with transaction.atomic():
+            Run.objects.select_for_update().only("pk").get(pk=run.pk)  # one upload at a time
+            newer = list(WeightReplica.objects.filter(run=run, first=first, last=last,
+                                                      applied__gt=applied)
+                         .order_by("-applied").values_list("applied", flat=True)[:KEEP])
+            if len(newer) >= KEEP:
+                raise InvalidInput("applied", f"is older than the {KEEP} replicas of layers "
+                                              f"{first}..{last} kept (applied "
+                                              f"{', '.join(map(str, newer))})")
+            replica: WeightReplica
+            replica, _ = WeightReplica.objects.update_or_create(
+                run=run, first=first, last=last, applied=applied,
+                defaults={"device": device.uid, "path": relative, "bytes": len(data),
+                          "sha256": digest, "created_at": timezone.now()})
+            os.replace(tmp, _absolute(relative))
+            stale = (WeightReplica.objects.filter(run=run, first=first, last=last)
+                     .order_by("-applied").values_list("pk", flat=True)[KEEP:])
+            # each deleted row's file goes after the commit (replica_file_delete)
+            WeightReplica.objects.filter(pk__in=list(stale)).delete()
+    finally:
+        tmp.unlink(missing_ok=True)
+    log.info("run %s: replica of layers %s..%s at applied %s from %s (%s bytes)", run.pk,
+             first, last, applied, device.uid, len(data))
+    return replica
+
+
+def replica_holdings(*, run: Run) -> list[dict[str, Any]]:
+    """What the server holds for ``run``, in the holdings format of orchestrator.recovery."""
+    rows = WeightReplica.objects.filter(run=run).order_by("first", "last", "applied")
+    return [{"layers": [r.first, r.last], "applied": r.applied, "kind": "central"}
+            for r in rows]
+
+
+def _covering(rows: Iterable[WeightReplica], first: int, last: int, *, run: Run,
+              applied: int) -> dict[int, list[int]]:
+    """Which stored replica gives each layer of first..last: {replica id: [layers]}. Ranges of
+    different stage layouts may overlap; each layer is taken from one file, the newest."""
+    ordered = sorted(rows, key=lambda r: (r.created_at, r.pk), reverse=True)
+    chosen: dict[int, list[int]] = {}
+    for layer in range(first, last + 1):
+        holder = next((r for r in ordered if r.first <= layer <= r.last), None)
+        if holder is None:
+            raise ReplicaMissing(run=run, layer=layer, applied=applied)
+        chosen.setdefault(holder.pk, []).append(layer)
+    return chosen
+
+
+def replica_read(*, run: Run, first: int, last: int, applied: int) -> bytes:
+    """Layers ``first``..``last`` of ``run`` at exactly ``applied`` as one safetensors blob,
+    merged from the stored replicas (a new stage's range rarely matches an old one's);
+    ReplicaMissing (404) naming the first layer no replica holds."""
+    _check_range(first, last, applied)
+    rows = {r.pk: r for r in WeightReplica.objects.filter(
+        run=run, applied=applied, first__lte=last, last__gte=first)}
+    tensors: dict[str, torch.Tensor] = {}
+    for pk, layers in _covering(rows.values(), first, last, run=run, applied=applied).items():
+        wanted = set(layers)
+        try:
+            with safe_open(str(_absolute(rows[pk].path)), framework="pt") as stored:
+                for name in stored.keys():  # noqa: SIM118 (a safe_open handle, not a dict)
+                    if tensor_layer(name) in wanted:
+                        tensors[name] = stored.get_tensor(name)
+        except (OSError, SafetensorError, ValueError) as exc:
+            log.warning("run %s: replica %s (%s) is unreadable: %s", run.pk, pk,
+                        rows[pk].path, exc)
+            raise ReplicaMissing(run=run, layer=layers[0], applied=applied) from None
+    metadata = {"run": str(run.pk), "first": str(first), "last": str(last),
+                "applied": str(applied)}
+    return safetensors_save(tensors, metadata=metadata)
+
+
+def replica_file_delete(sender: type[WeightReplica], instance: WeightReplica,
+                        **kwargs: Any) -> None:
+    """A deleted replica's file goes once the deletion is committed (a rolled back deletion
+    keeps its file); deleting a run deletes its replicas, so their files too."""
+    path, run_id = instance.path, instance.run_id
+
+    def unlink() -> None:
+        if WeightReplica.objects.filter(path=path).exists():  # re-uploaded meanwhile
+            return
+        try:
+            _absolute(path).unlink(missing_ok=True)
+        except (OSError, ValueError) as exc:
+            log.warning("replica file %s not deleted: %s", path, exc)
+            return
+        if not Run.objects.filter(pk=run_id).exists():  # the run was deleted
+            with contextlib.suppress(OSError):
+                replica_dir(run_id).rmdir()  # only when empty
+
+    transaction.on_commit(unlink)
+
+
+post_delete.connect(replica_file_delete, sender=WeightReplica, dispatch_uid="replica_file_delete")
