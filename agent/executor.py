@@ -31,7 +31,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -40,12 +40,17 @@ from torch import nn
 from agent.data import Dataset
 from agent.emulation import Slowdown
 from agent.transport import DataPlane, Message, encode
+from agent.weights import Entry, WeightStore, layer_state
 from orchestrator.events import TimelineEvent
 from orchestrator.schedule import Action, Schedule, build_schedule
 
 
 class StageError(RuntimeError):
     """The stage cannot go on (a neighbour stopped answering, a deployment it cannot run)."""
+
+
+class StageStopped(StageError):
+    """The stage was told to stop (or halt) while it waited: not a failure."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,13 @@ class StageSpec:
     seed: int = 0
     vertical_sync: bool = False
     receive_timeout_s: float = 60.0
+    # fault tolerance (docs/architecture.md, "Fault tolerance")
+    generation: int = 0
+    first_microbatch: int = 0  # resume point: this generation runs first_microbatch..end
+    chain_every: int = 0  # micro-batches applied between chain replicas (0: off)
+    global_every: int = 0  # micro-batches applied between replicas to the server (0: off)
+    suspect_factor: float = 4.0  # backward timer: late by this many average batch times
+    suspect_min_s: float = 0.5
 
     @property
     def num_stages(self) -> int:
@@ -84,8 +96,11 @@ class StageSpec:
         return self.stage == self.num_stages - 1
 
     def build_schedule(self) -> Schedule:
+        """The schedule of this generation's micro-batches, numbered from 0 (the executor
+        adds ``first_microbatch``)."""
         return build_schedule(name=self.schedule, stage_devices=self.stage_devices,
-                              stage_times_s=self.stage_times_s, microbatches=self.microbatches,
+                              stage_times_s=self.stage_times_s,
+                              microbatches=self.microbatches - self.first_microbatch,
                               flush_every=self.flush_every, inflight=self.inflight)
 
     def to_json(self) -> dict[str, Any]:
@@ -98,7 +113,10 @@ class StageSpec:
                 "inflight": None if self.inflight is None else list(self.inflight),
                 "lr": self.lr, "momentum": self.momentum, "seed": self.seed,
                 "vertical_sync": self.vertical_sync,
-                "receive_timeout_s": self.receive_timeout_s}
+                "receive_timeout_s": self.receive_timeout_s, "generation": self.generation,
+                "first_microbatch": self.first_microbatch, "chain_every": self.chain_every,
+                "global_every": self.global_every, "suspect_factor": self.suspect_factor,
+                "suspect_min_s": self.suspect_min_s}
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> StageSpec:
@@ -116,7 +134,13 @@ class StageSpec:
                     int(x) for x in raw["inflight"]),
                 lr=float(raw.get("lr", 0.1)), momentum=float(raw.get("momentum", 0.0)),
                 seed=int(raw.get("seed", 0)), vertical_sync=bool(raw.get("vertical_sync", False)),
-                receive_timeout_s=float(raw.get("receive_timeout_s", 60.0)))
+                receive_timeout_s=float(raw.get("receive_timeout_s", 60.0)),
+                generation=int(raw.get("generation", 0)),
+                first_microbatch=int(raw.get("first_microbatch", 0)),
+                chain_every=int(raw.get("chain_every", 0)),
+                global_every=int(raw.get("global_every", 0)),
+                suspect_factor=float(raw.get("suspect_factor", 4.0)),
+                suspect_min_s=float(raw.get("suspect_min_s", 0.5)))
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise StageError(f"malformed stage deployment: {exc!r}") from None
         spec.check()
@@ -133,6 +157,22 @@ class StageSpec:
                              "device per stage (choose a plan without replicated stages)")
         if self.batch_size < 1 or self.microbatches < 1 or self.lr <= 0:
             raise StageError("batch_size, microbatches and lr must be positive")
+        if not 0 <= self.first_microbatch < self.microbatches:
+            raise StageError(f"first_microbatch {self.first_microbatch} is not in "
+                             f"0..{self.microbatches - 1}")
+        if self.schedule == "gpipe" and self.first_microbatch % (self.flush_every or 1):
+            raise StageError("under gpipe a generation resumes at a batch boundary "
+                             f"(first_microbatch a multiple of {self.flush_every})")
+        if min(self.generation, self.chain_every, self.global_every) < 0 or not (
+                self.suspect_factor > 0 and self.suspect_min_s > 0):
+            raise StageError("generation, chain_every and global_every must not be negative, "
+                             "suspect_factor and suspect_min_s must be positive")
+
+    @property
+    def tag(self) -> str:
+        """The data-plane name of this generation's messages: a late activation of the
+        generation before a recovery is never taken for one of this generation."""
+        return f"g{self.generation}"
 
 
 @dataclass
@@ -172,6 +212,10 @@ class StageResult:
     forwards: list[int] = field(default_factory=list)
     backwards: list[int] = field(default_factory=list)
     updates: int = 0
+    updated: list[int] = field(default_factory=list)  # micro-batches whose update was applied
+
+
+Checkpoint = Callable[[int, dict[str, torch.Tensor], bool, bool], None]
 
 
 class StageExecutor:
@@ -182,7 +226,9 @@ class StageExecutor:
                  on_event: Callable[[TimelineEvent], None] | None = None,
                  on_metric: Callable[[Metric], None] | None = None,
                  slowdown: float = 1.0, stop: threading.Event | None = None,
-                 running: threading.Event | None = None) -> None:
+                 running: threading.Event | None = None, store: WeightStore | None = None,
+                 on_checkpoint: Checkpoint | None = None,
+                 on_suspect: Callable[[int, float], None] | None = None) -> None:
         spec.check()
         if spec.first and dataset is None:
             raise StageError("the first stage needs the data set")
@@ -202,27 +248,67 @@ class StageExecutor:
         if running is None:
             self.running.set()
         self.schedule = spec.build_schedule()
-        self.actions: Sequence[Action] = self.schedule.actions[spec.device]
+        first = spec.first_microbatch
+        self.actions: Sequence[Action] = [replace(a, microbatch=a.microbatch + first)
+                                          for a in self.schedule.actions[spec.device]]
+        self.store = store
+        self.on_checkpoint = on_checkpoint or (lambda applied, tensors, chain, central: None)
+        self.on_suspect = on_suspect or (lambda microbatch, waited: None)
+        self.gradient_arrivals: list[float] = []  # stage 0's backward timer
         # where each parameter lives, to put a stashed version in its place for one forward
         self.slots = [(owner, name) for owner in module.modules()
                       for name, p in owner.named_parameters(recurse=False)]
         self.params = [getattr(owner, name) for owner, name in self.slots]
         self.optimizer = torch.optim.SGD(self.params, lr=spec.lr, momentum=spec.momentum)
-        self.version = 0
+        # weight versions count updates: under 1F1B one per micro-batch, under GPipe one per flush
+        self.per_version = (spec.flush_every or 1) if spec.schedule == "gpipe" else 1
+        self.version = first // self.per_version
         self.snapshots: dict[int, list[torch.Tensor]] = {}
         self.stash_for = self._stash_needed()
         self.in_flight: dict[int, _InFlight] = {}
         self.grads: dict[int, list[torch.Tensor]] = {}
         self.accumulated: list[torch.Tensor] | None = None
         self.accumulated_count = 0
-        self.latest_header_version = 0
+        self.latest_header_version = self.version
         self.result = StageResult()
         self.handlers: dict[str, Callable[[Action], None]] = {
             "F": self.forward, "B": self.backward, "U": self.update, "A": self.all_reduce}
 
     # ---- the loop
 
+    @property
+    def applied(self) -> int:
+        """Micro-batches whose updates the live weights hold."""
+        return self.version * self.per_version
+
+    def checkpoint(self, *, pinned: bool) -> dict[str, torch.Tensor] | None:
+        """Keep the live weights at ``applied`` in the store (a replication point when
+        ``pinned``, else the rollback window)."""
+        if self.store is None:
+            return None
+        tensors = layer_state(self.module, self.spec.layers[0])
+        self.store.add(Entry(layers=self.spec.layers, applied=self.applied, kind="own",
+                             tensors=tensors, pinned=pinned))
+        return tensors
+
+    def _after_update(self) -> None:
+        if self.store is None:
+            return
+        applied, spec = self.applied, self.spec
+        chain = bool(spec.chain_every) and applied % spec.chain_every == 0
+        central = bool(spec.global_every) and applied % spec.global_every == 0
+        tensors = self.checkpoint(pinned=chain or central)
+        if (chain or central) and tensors is not None:
+            self.on_checkpoint(applied, tensors, chain, central)
+        # stage 0 commits as it updates; a later stage may be asked for any version from the
+        # oldest stage 0 can still be at (what its latest activation says) on
+        floor = applied if spec.first else self.latest_header_version * self.per_version
+        self.store.trim_window(spec.layers, floor, applied)
+
     def run(self) -> StageResult:
+        tensors = self.checkpoint(pinned=True)
+        if tensors is not None:  # the resume point goes to the next stage at once
+            self.on_checkpoint(self.applied, tensors, bool(self.spec.chain_every), False)
         for action in self.actions:
             while not self.running.wait(0.1) and not self.stop.is_set():
                 pass
@@ -237,12 +323,45 @@ class StageExecutor:
 
     # ---- helpers
 
-    def _receive(self, kind: str, microbatch: int) -> Message:
+    def _receive(self, kind: str, microbatch: int, timeout_s: float | None = None) -> Message:
         try:
-            return self.plane.receive(kind, microbatch, timeout_s=self.spec.receive_timeout_s,
+            return self.plane.receive(kind, microbatch, name=self.spec.tag,
+                                      timeout_s=timeout_s or self.spec.receive_timeout_s,
                                       cancelled=self.stop.is_set)
         except TimeoutError as exc:
+            if self.stop.is_set():
+                raise StageStopped(f"stage {self.spec.stage} stopped") from None
             raise StageError(f"stage {self.spec.stage}: {exc}") from None
+
+    def _suspect_after(self) -> float | None:
+        """FTPipeHD's backward timer: how long stage 0 waits for a gradient before it suspects
+        a device, a multiple of the moving average time between gradients (None until a few
+        have come)."""
+        arrivals = self.gradient_arrivals
+        if len(arrivals) < 4:
+            return None
+        gaps = [b - a for a, b in zip(arrivals[-9:], arrivals[-8:], strict=False)]
+        average = sum(gaps) / len(gaps)
+        return max(self.spec.suspect_min_s, self.spec.suspect_factor * average)
+
+    def _receive_gradient(self, microbatch: int) -> Message:
+        """Stage 0's wait for a gradient, with the backward timer."""
+        after = self._suspect_after()
+        message = None
+        if after is not None:
+            try:
+                message = self.plane.receive("gradient", microbatch, name=self.spec.tag,
+                                             timeout_s=after, cancelled=self.stop.is_set)
+            except TimeoutError:
+                if self.stop.is_set():
+                    raise StageStopped(f"stage {self.spec.stage} stopped") from None
+                if self.running.is_set():  # a paused pipeline is late on purpose
+                    self.on_suspect(microbatch, after)
+        if message is None:
+            message = self._receive("gradient", microbatch)
+        self.gradient_arrivals.append(time.monotonic())
+        del self.gradient_arrivals[:-16]
+        return message
 
     def _record_receive(self, message: Message, stage: int) -> None:
         """A receive spans from the sender's start to the arrival (both on the server's epoch
@@ -265,9 +384,9 @@ class StageExecutor:
 
     def _send(self, kind: str, stage: int, microbatch: int, version: int,
               tensor: torch.Tensor) -> None:
-        peer = self.schedule.device_for(stage, microbatch)
+        peer = self.schedule.device_for(stage, microbatch - self.spec.first_microbatch)
         frames = encode(run=self.spec.run, kind=kind, microbatch=microbatch, version=version,
-                        tensor=tensor, sent_at=self.clock.absolute())
+                        tensor=tensor, name=self.spec.tag, sent_at=self.clock.absolute())
         self.plane.send(peer, frames)
 
     def _stash_needed(self) -> dict[int, bool]:
@@ -370,7 +489,8 @@ class StageExecutor:
             raise StageError(f"backward of micro-batch {m} before its forward")
         upstream: torch.Tensor | None = None
         if not self.spec.last:
-            message = self._receive("gradient", m)
+            message = (self._receive_gradient(m) if self.spec.first
+                       else self._receive("gradient", m))
             self._record_receive(message, k)
             upstream = message.tensor
         wrt = flight.params
@@ -413,9 +533,15 @@ class StageExecutor:
                 p.grad = g
             self.optimizer.step()
 
+        before = self.applied
+        if self.spec.schedule != "gpipe" and m != before:
+            raise StageError(f"update of micro-batch {m} on weights holding {before} updates: "
+                             "updates must come in micro-batch order")
         self._timed("update", m, self.version, work)
         self.version += 1
         self.result.updates += 1
+        self.result.updated.extend(range(before, self.applied))
+        self._after_update()
         if self.spec.vertical_sync:
             self._weights(self.version)  # every version may be asked for by a later micro-batch
         self._prune_snapshots()

@@ -14,7 +14,12 @@ Commands (docs/architecture.md, "Agent control protocol"), one handler each:
 - ``start``: run the deployed stage from the common start time;
 - ``pause`` / ``resume`` / ``stop``: of a run's stage;
 - ``measure``: measure the links to the given peers over the data plane (bandwidth and
-  latency), reported in one ``links`` message, so that planning sees real links.
+  latency), reported in one ``links`` message, so that planning sees real links;
+- ``halt``: stop a run's stage for a recovery, keeping its weights; the ack lists what this
+  agent holds (checkpoints and replicas, docs/architecture.md, "Fault tolerance"), and a
+  ``deploy`` of the next generation says what to restore from where;
+- ``probe``: does this agent still hold the run's stage (dead, restarted or healthy);
+- ``exit``: fault injection: the process exits at once, as a crash would.
 
 Every command is acknowledged; one the agent cannot carry out (a stage for another device, a
 model it does not know, a run it holds no stage of) is refused with the reason and changes
@@ -25,6 +30,7 @@ go on.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import math
@@ -40,15 +46,26 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import torch
 import websockets
 from websockets.asyncio.client import ClientConnection, connect
 
 from agent.config import AgentConfig, websocket_url
 from agent.data import DataError, Dataset, load_dataset
-from agent.executor import Clock, Metric, StageError, StageExecutor, StageSpec
+from agent.executor import Clock, Metric, StageError, StageExecutor, StageSpec, StageStopped
 from agent.profiler import measure_overhead, profile_model
-from agent.transport import DataPlane, SendRecord, Shaping
+from agent.transport import DataPlane, SendRecord, Shaping, encode
+from agent.transport import Message as DataMessage
+from agent.weights import (
+    Entry,
+    Tensors,
+    WeightError,
+    WeightStore,
+    from_bytes,
+    load_layer_state,
+    to_bytes,
+)
 from agent.zoo import build_model
 from orchestrator.events import TimelineEvent
 
@@ -56,6 +73,7 @@ log = logging.getLogger("edgepipe.agent")
 
 Message = dict[str, Any]
 
+FETCH_TIMEOUT_S = 20.0  # a recovering stage waits this long for weights from a peer or the server
 DEPLOYMENT_TTL_S = 300.0  # a deployed stage whose start does not come is dropped after this
 PROGRESS_EVERY_S = 0.5  # profiling progress goes to the server at most this often
 
@@ -113,17 +131,20 @@ class AgentRuntime:
         self.metrics: dict[int, list[dict[str, Any]]] = {}
         self.deployments: dict[int, Deployment] = {}
         self.datasets: dict[str, Dataset] = {}
+        self.stores: dict[int, WeightStore] = {}  # per run, across generations
+        self._tokens = itertools.count(1)
         self.connected = threading.Event()
         self.rate_window: dict[int, tuple[float, int, int]] = {}  # run -> (since, samples, bytes)
         self.plane = DataPlane(
             bind=f"tcp://{config.data_host}:{config.data_port}", identity=self.uid,
             clock=self.server_time,
             shaping=Shaping(bandwidth_bps=config.bandwidth_bps, latency_s=config.latency_s),
-            on_send=self._on_send, on_reject=self._on_reject)
+            on_send=self._on_send, on_reject=self._on_reject, on_weights=self._on_weights)
         self.commands: dict[str, Callable[[Message], Message]] = {
             "profile": self._profile, "deploy": self._deploy, "start": self._start,
             "pause": self._pause, "resume": self._resume, "stop": self._stop_run,
-            "measure": self._measure}
+            "measure": self._measure, "halt": self._halt, "probe": self._probe,
+            "exit": self._exit}
         if config.threads:
             torch.set_num_threads(config.threads)
         # the receiver, sender and stage threads hand messages to each other: a thread waiting
@@ -279,7 +300,8 @@ class AgentRuntime:
         if spec.run in self.deployments:
             raise StageError(f"run {spec.run} is already deployed here")
         peers = command.get("peers") or {}
-        neighbours = {d for k in (spec.stage - 1, spec.stage + 1, spec.num_stages - 1)
+        neighbours = {d for k in (spec.stage - 1, spec.stage + 1, spec.num_stages - 1,
+                                  (spec.stage + 1) % spec.num_stages)
                       if 0 <= k < spec.num_stages for d in spec.stage_devices[k]} - {self.uid}
         missing = sorted(d for d in neighbours if not isinstance(peers.get(d), str))
         if missing:
@@ -290,14 +312,25 @@ class AgentRuntime:
         module = model.stage(*spec.layers)
         for peer in sorted(neighbours):
             self.plane.connect(peer, peers[peer])
-        clock = Clock(started_at=0.0, offset_s=self.offset_s)
+        clock = Clock(started_at=float(command.get("started_at") or 0.0), offset_s=self.offset_s)
+        restore = command.get("restore")
+        store = self.stores.setdefault(spec.run, WeightStore())
+        if restore is not None:
+            self._restore(spec, module, restore, peers, clock)
+        elif spec.generation:
+            raise StageError("a deployment of a later generation needs restore")
         deployment_stop, running = threading.Event(), threading.Event()
         running.set()
         executor = StageExecutor(
             spec, module=module, plane=self.plane, clock=clock,
             dataset=data if spec.first else None, on_event=self._event,
             on_metric=lambda m: self._metric(spec.run, m), slowdown=self.config.slowdown,
-            stop=deployment_stop, running=running)
+            stop=deployment_stop, running=running, store=store,
+            on_checkpoint=lambda applied, tensors, chain, central: self._replicate(
+                spec, applied, tensors, chain=chain, central=central),
+            on_suspect=lambda microbatch, waited: self.post({
+                "type": "suspect", "run": spec.run, "generation": spec.generation,
+                "microbatch": microbatch, "waited_s": waited}))
         self.deployments[spec.run] = Deployment(spec=spec, executor=executor, clock=clock,
                                                 stop=deployment_stop, running=running)
         # a daemon: a pending timer must not keep a stopping agent alive for DEPLOYMENT_TTL_S
@@ -305,7 +338,158 @@ class AgentRuntime:
         timer = threading.Timer(DEPLOYMENT_TTL_S, self._drop_if_not_started, args=(spec.run,))
         timer.daemon = True
         timer.start()
-        return {"ok": True}
+        return {"ok": True, "generation": spec.generation}
+
+    # ---- weights: restoring, replicating, serving
+
+    def _restore(self, spec: StageSpec, module: torch.nn.Module, restore: Any,
+                 peers: dict[str, Any], clock: Clock) -> None:
+        """Load every part the server listed (own memory, a peer, the server) into the new
+        stage; refuses the deployment when a part is missing or does not fit."""
+        if not isinstance(restore, list):
+            raise StageError("restore must be a list of parts")
+        began = clock.now()
+        tensors: Tensors = {}
+        moved = 0
+        applied = spec.first_microbatch
+        for i, part in enumerate(restore):
+            try:
+                first, last = (int(x) for x in part["layers"])
+                source = str(part["source"])
+                if int(part["applied"]) != applied:
+                    raise ValueError(f"applied {part['applied']} is not the resume point "
+                                     f"{applied}")
+            except (KeyError, TypeError, ValueError) as exc:
+                raise StageError(f"restore[{i}] is malformed: {exc}") from None
+            if not spec.layers[0] <= first <= last <= spec.layers[1]:
+                raise StageError(f"restore[{i}]: layers {first}..{last} are not in the stage")
+            if source == "self":
+                got = self.stores[spec.run].part(first, last, applied)
+                if got is None:
+                    raise StageError(f"this agent holds no layers {first}..{last} at "
+                                     f"{applied} updates")
+            elif source == "central":
+                got, size = self._fetch_central(spec.run, first, last, applied)
+                moved += size
+            else:
+                address = peers.get(source)
+                if not isinstance(address, str):
+                    raise StageError(f"restore[{i}]: no data-plane address for {source}")
+                got, size = self._fetch_peer(spec.run, source, address, first, last, applied)
+                moved += size
+            tensors.update(got)
+        try:
+            load_layer_state(module, spec.layers[0], tensors)
+        except WeightError as exc:
+            raise StageError(f"restoring layers {spec.layers[0]}..{spec.layers[1]}: {exc}") \
+                from None
+        self._event(TimelineEvent(spec.run, self.uid, spec.stage, "load", applied, 0,
+                                  began, max(began, clock.now()), moved))
+        log.info("run %s generation %s: restored layers %s..%s at %s updates (%d bytes moved)",
+                 spec.run, spec.generation, spec.layers[0], spec.layers[1], applied, moved)
+
+    def _fetch_peer(self, run: int, peer: str, address: str, first: int, last: int,
+                    applied: int) -> tuple[Tensors, int]:
+        self.plane.connect(peer, address)
+        token = next(self._tokens)
+        self.plane.send(peer, encode(
+            run=run, kind="weights", microbatch=applied, version=0,
+            tensor=torch.zeros(0, dtype=torch.uint8),
+            name=f"fetch:{token}:{first}-{last}:{self.uid}={self.advertised_address}"))
+        try:
+            reply = self.plane.receive("weights", applied, name=f"fetched:{token}",
+                                       timeout_s=FETCH_TIMEOUT_S)
+        except TimeoutError:
+            raise StageError(f"{peer} did not send layers {first}..{last} within "
+                             f"{FETCH_TIMEOUT_S:.0f} s") from None
+        if reply.tensor.numel() == 0:
+            raise StageError(f"{peer} holds no layers {first}..{last} at {applied} updates")
+        data = reply.tensor.numpy().tobytes()
+        try:
+            return from_bytes(data, first=first, last=last), len(data)
+        except WeightError as exc:
+            raise StageError(f"weights from {peer}: {exc}") from None
+
+    def _replica_url(self, run: int) -> str:
+        return f"{self.config.enrolment.server}/api/agent/runs/{run}/replicas/"
+
+    def _fetch_central(self, run: int, first: int, last: int, applied: int
+                       ) -> tuple[Tensors, int]:
+        try:
+            response = httpx.get(self._replica_url(run), timeout=FETCH_TIMEOUT_S,
+                                 params={"first": first, "last": last, "applied": applied},
+                                 headers={"Authorization": self.config.enrolment.authorization})
+        except httpx.HTTPError as exc:
+            raise StageError(f"could not fetch layers {first}..{last} from the server: "
+                             f"{exc}") from None
+        if response.status_code != 200:
+            raise StageError(f"the server has no layers {first}..{last} at {applied} updates "
+                             f"({response.status_code}: {response.text[:200]})")
+        try:
+            return from_bytes(response.content, first=first, last=last), len(response.content)
+        except WeightError as exc:
+            raise StageError(f"weights from the server: {exc}") from None
+
+    def _replicate(self, spec: StageSpec, applied: int, tensors: Tensors, *, chain: bool,
+                   central: bool) -> None:
+        """A replication point: the stage's weights to the next stage's device (the last
+        stage's to the first), and/or to the server, without holding up the stage."""
+        first, last = spec.layers
+        data = to_bytes(tensors, run=spec.run, first=first, last=last, applied=applied)
+        if chain and spec.num_stages > 1:
+            successor = spec.stage_devices[(spec.stage + 1) % spec.num_stages][0]
+            payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            self.plane.send(successor, encode(run=spec.run, kind="weights", microbatch=applied,
+                                              version=spec.generation, tensor=payload,
+                                              name=f"replica:{first}-{last}"))
+        if central:
+            def upload() -> None:
+                try:
+                    response = httpx.put(
+                        self._replica_url(spec.run), content=data, timeout=60,
+                        params={"first": first, "last": last, "applied": applied},
+                        headers={"Authorization": self.config.enrolment.authorization,
+                                 "Content-Type": "application/octet-stream"})
+                except httpx.HTTPError as exc:
+                    log.warning("replica of layers %s..%s to the server failed: %s",
+                                first, last, exc)
+                    return
+                if response.status_code >= 300:
+                    log.warning("the server refused the replica of layers %s..%s: %s %s",
+                                first, last, response.status_code, response.text[:200])
+
+            threading.Thread(target=upload, name="replica-upload", daemon=True).start()
+
+    def _on_weights(self, message: DataMessage) -> None:
+        """On the data plane's receiver thread: keep a chain replica, or answer a fetch."""
+        name = message.header.name or ""
+        run = message.header.run
+        kind, _, rest = name.partition(":")
+        if kind == "replica":
+            first, last = (int(x) for x in rest.split("-"))
+            tensors = from_bytes(message.tensor.numpy().tobytes(), first=first, last=last)
+            self.stores.setdefault(run, WeightStore()).add(Entry(
+                layers=(first, last), applied=message.header.microbatch, kind="replica",
+                tensors=tensors, pinned=True))
+        elif kind == "fetch":
+            token, layers, reply_to = rest.split(":", 2)
+            first, last = (int(x) for x in layers.split("-"))
+            requester, _, address = reply_to.partition("=")
+            if not address.startswith("tcp://"):
+                raise ValueError(f"fetch from {requester!r} without a reply address")
+            self.plane.connect(requester, address)
+            store = self.stores.get(run)
+            applied = message.header.microbatch
+            part = None if store is None else store.part(first, last, applied)
+            data = b"" if part is None else to_bytes(part, run=run, first=first, last=last,
+                                                     applied=applied)
+            payload = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if data
+                       else torch.zeros(0, dtype=torch.uint8))
+            self.plane.send(requester, encode(run=run, kind="weights", microbatch=applied,
+                                              version=0, tensor=payload,
+                                              name=f"fetched:{token}"))
+        else:
+            raise ValueError(f"unknown weights message {name!r}")
 
     def _drop_if_not_started(self, run: int) -> None:
         """A deployment whose start never came (the run failed elsewhere, the server went)
@@ -320,6 +504,10 @@ class AgentRuntime:
         deployment = self.deployments.get(run) if isinstance(run, int) else None
         if deployment is None:
             raise StageError(f"no stage of run {run} is deployed here")
+        generation = command.get("generation")
+        if generation is not None and generation != deployment.spec.generation:
+            raise StageError(f"run {run}'s stage here is of generation "
+                             f"{deployment.spec.generation}, not {generation}")
         return deployment
 
     def _start(self, command: Message) -> Message:
@@ -327,31 +515,42 @@ class AgentRuntime:
         if deployment.thread is not None:
             raise StageError(f"run {deployment.spec.run} has already started here")
         started_at = float(command["started_at"])
+        begin_at = float(command.get("begin_at") or started_at)
         deployment.clock.started_at = started_at
         deployment.clock.offset_s = self.offset_s
+        # the commit: every device of the new generation is ready, nobody fetches any more
+        self.stores.setdefault(deployment.spec.run, WeightStore()).keep_only([])
 
         def train() -> None:
-            wait = started_at - self.server_time()
+            wait = begin_at - self.server_time()
             if wait > 0:
                 deployment.stop.wait(wait)
-            run = deployment.spec.run
+            spec = deployment.spec
+            run = spec.run
             try:
                 result = deployment.executor.run()
-            except (StageError, RuntimeError) as exc:
-                log.error("run %s failed: %s", run, exc)
+            except StageStopped:
                 self._flush_events()
-                self.post({"type": "stage_failed", "run": run, "error": str(exc)})
+            except (StageError, RuntimeError) as exc:
+                self._flush_events()
+                if not deployment.stop.is_set():
+                    log.error("run %s failed: %s", run, exc)
+                    self.post({"type": "stage_failed", "run": run, "error": str(exc),
+                               "generation": spec.generation})
             else:
                 self._flush_events()
                 if not deployment.stop.is_set():
-                    self.post({"type": "stage_done", "run": run,
+                    self.post({"type": "stage_done", "run": run, "generation": spec.generation,
                                "forwards": len(result.forwards),
-                               "backwards": len(result.backwards), "updates": result.updates})
+                               "backwards": len(result.backwards), "updates": result.updates,
+                               "applied_from": spec.first_microbatch,
+                               "updated": result.updated})
             finally:
-                self.deployments.pop(run, None)
+                if self.deployments.get(run) is deployment:
+                    self.deployments.pop(run, None)
 
         deployment.thread = self.spawn(train, f"run-{deployment.spec.run}")
-        return {"ok": True}
+        return {"ok": True, "generation": deployment.spec.generation}
 
     def _pause(self, command: Message) -> Message:
         self._deployment(command).running.clear()
@@ -361,14 +560,52 @@ class AgentRuntime:
         self._deployment(command).running.set()
         return {"ok": True}
 
-    def _stop_run(self, command: Message) -> Message:
-        deployment = self.deployments.get(command.get("run"))  # type: ignore[arg-type]
+    def _end(self, run: int) -> Deployment | None:
+        """Stop the run's stage here and wait for it; drop what it received."""
+        deployment = self.deployments.pop(run, None)
         if deployment is not None:
             deployment.stop.set()
             deployment.running.set()
-            if deployment.thread is None:
-                self.deployments.pop(deployment.spec.run, None)
+            if deployment.thread is not None:
+                deployment.thread.join(timeout=30)
+        self.plane.discard(run)
+        return deployment
+
+    def _stop_run(self, command: Message) -> Message:
+        run = command.get("run")
+        if isinstance(run, int):
+            deployment = self.deployments.get(run)
+            if deployment is not None:
+                deployment.stop.set()
+                deployment.running.set()
+                if deployment.thread is None:
+                    self.deployments.pop(run, None)
+            self.stores.pop(run, None)
         return {"ok": True}
+
+    def _halt(self, command: Message) -> Message:
+        """Stop the run's stage for a recovery, keep every weight held; report them."""
+        run = command.get("run")
+        if not isinstance(run, int):
+            raise StageError("halt needs a run")
+        deployment = self._end(run)
+        store = self.stores.get(run)
+        applied = None if deployment is None else deployment.executor.applied
+        log.info("run %s halted for generation %s (at %s updates)", run,
+                 command.get("generation"), applied)
+        return {"ok": True, "generation": command.get("generation"),
+                "holdings": [] if store is None else store.holdings(), "applied": applied}
+
+    def _probe(self, command: Message) -> Message:
+        deployment = self.deployments.get(command.get("run"))  # type: ignore[arg-type]
+        return {"ok": True, "holds": deployment is not None,
+                "generation": None if deployment is None else deployment.spec.generation,
+                "applied": None if deployment is None else deployment.executor.applied}
+
+    def _exit(self, command: Message) -> Message:
+        log.warning("told to exit by the server (fault injection): exiting now")
+        logging.shutdown()
+        os._exit(70)
 
     def _measure(self, command: Message) -> Message:
         peers = command.get("peers")
@@ -506,8 +743,9 @@ class AgentRuntime:
         loop = asyncio.get_running_loop()
         async for raw in ws:
             message = json.loads(raw)
-            if message.get("type") == "command" and message.get("command") == "deploy":
-                # building a stage loads a model and a data set: not on the event loop
+            if message.get("type") == "command" and message.get("command") in ("deploy", "halt"):
+                # building a stage loads a model, a data set and maybe weights from peers;
+                # halting waits for the stage to stop: not on the event loop
                 ack = await loop.run_in_executor(None, self.handle_command, message)
                 self.post(ack)
             else:

@@ -204,7 +204,8 @@ class DataPlane:
                  shaping: Shaping | None = None,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                  on_send: Callable[[SendRecord], None] | None = None,
-                 on_reject: Callable[[str], None] | None = None) -> None:
+                 on_reject: Callable[[str], None] | None = None,
+                 on_weights: Callable[[Message], None] | None = None) -> None:
         self.identity = identity
         self.clock = clock
         self.shaping = shaping or Shaping()
@@ -212,6 +213,7 @@ class DataPlane:
         self.max_message_bytes = max_message_bytes
         self.on_send = on_send
         self.on_reject = on_reject
+        self.on_weights = on_weights
         self.context = zmq.Context()
         self.inbox_socket = self.context.socket(zmq.PULL)
         self.inbox_socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes + MAX_HEADER_BYTES)
@@ -304,6 +306,16 @@ class DataPlane:
             if message.header.kind == "probe" and name.startswith("ping:"):
                 self._answer_ping(name[5:], message.header)
                 continue
+            if (message.header.kind == "weights" and self.on_weights is not None
+                    and not name.startswith("fetched:")):
+                try:  # a replica to keep or a fetch to answer: the agent's weight store's
+                    self.on_weights(message)
+                except (TransportError, ValueError) as exc:
+                    self.rejected += 1
+                    log.warning("rejected weights %r: %s", name, exc)
+                    if self.on_reject is not None:
+                        self.on_reject(f"weights {name!r}: {exc}")
+                continue
             key = (message.header.kind, message.header.microbatch, message.header.name)
             with self._inbox_changed:
                 self._inbox[key] = message
@@ -361,6 +373,15 @@ class DataPlane:
                                        f"{timeout_s} s")
                 self._inbox_changed.wait(remaining)
             return self._inbox.pop(key)
+
+    def discard(self, run: int) -> int:
+        """Drop every received message of ``run`` (a halted generation's in-flight batches);
+        returns how many."""
+        with self._inbox_changed:
+            stale = [k for k, m in self._inbox.items() if m.header.run == run]
+            for key in stale:
+                del self._inbox[key]
+        return len(stale)
 
     def pending(self) -> int:
         with self._inbox_changed:

@@ -77,7 +77,8 @@ def test_commands_it_cannot_carry_out_are_refused_and_change_nothing(
 def test_a_deployed_stage_is_held_until_stopped(runtime: AgentRuntime) -> None:
     ack = runtime.handle_command(command("deploy", run=7, spec=spec(),
                                          peers={"edge-other": "tcp://127.0.0.1:9"}))
-    assert ack == {"type": "ack", "id": "c1", "command": "deploy", "run": 7, "ok": True}
+    assert ack == {"type": "ack", "id": "c1", "command": "deploy", "run": 7, "ok": True,
+                   "generation": 0}
     assert 7 in runtime.deployments
     again = runtime.handle_command(command("deploy", run=7, spec=spec(),
                                            peers={"edge-other": "tcp://127.0.0.1:9"}))

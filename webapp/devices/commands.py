@@ -16,7 +16,8 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 
-COMMANDS = ("profile", "deploy", "start", "pause", "resume", "stop", "measure")
+COMMANDS = ("profile", "deploy", "start", "pause", "resume", "stop", "measure", "halt", "probe",
+            "exit")
 
 Command = dict[str, Any]
 

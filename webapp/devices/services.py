@@ -4,7 +4,7 @@ and uploaded layer profiles."""
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -110,8 +110,11 @@ def device_heartbeat(*, device: Device, status: str) -> Device:
     return device
 
 
-def devices_mark_offline(*, older_than_s: float) -> int:
-    """Mark offline the online or busy devices silent for ``older_than_s``; returns how many."""
+def devices_mark_offline(*, older_than_s: float,
+                         on_offline: Callable[[Device], object] | None = None) -> int:
+    """Mark offline the online or busy devices silent for ``older_than_s``; returns how many.
+    ``on_offline`` is called for each after the change is committed (the runs they train
+    recover without them)."""
     cutoff = timezone.now() - timedelta(seconds=older_than_s)
     with transaction.atomic():
         silent = list(Device.objects.select_for_update()
@@ -122,6 +125,9 @@ def devices_mark_offline(*, older_than_s: float) -> int:
         Device.objects.bulk_update(silent, ["status"])
         for device in silent:
             device_event_send(device)
+    if on_offline is not None:
+        for device in silent:
+            on_offline(device)
     return len(silent)
 
 
@@ -171,6 +177,21 @@ def device_profile_request(*, device: Device, model_spec: ModelSpec) -> dict[str
                        "with `python -m agent run`", state=device.status, action="profile")
     command = command_build("profile", model=model_spec.model, dataset=model_spec.dataset,
                             batch_size=model_spec.batch_size)
+    device_command_send(uid=device.uid, command=command)
+    return command
+
+
+def device_agent_stop(*, device: Device) -> dict[str, Any]:
+    """Fault injection: tell the device's agent to exit at once, as if killed (its control
+    connection closes, and a run it holds a stage of loses it). Returns the command sent;
+    Conflict when no agent is connected to receive it."""
+    if device.status == Device.Status.RETIRED:
+        raise Conflict(f"device {device.name!r} ({device.uid}) is retired",
+                       state=device.status, action="stop its agent")
+    if not device.control_channel or device.status == Device.Status.OFFLINE:
+        raise Conflict(f"device {device.name!r} ({device.uid}) has no agent connected: there "
+                       "is no agent to stop", state=device.status, action="stop its agent")
+    command = command_build("exit")
     device_command_send(uid=device.uid, command=command)
     return command
 

@@ -16,6 +16,7 @@ from webapp.common.exceptions import InvalidInput
 from webapp.devices import services as device_services
 from webapp.devices.events import event_profiling, profiling_event_send
 from webapp.devices.models import Device
+from webapp.runs import recovery
 from webapp.runs import services as run_services
 from webapp.runs.models import Run, RunDevice
 
@@ -68,7 +69,8 @@ def agent_disconnected(*, device_id: int, channel: str) -> bool:
         if device.status != Device.Status.RETIRED:
             device.status = Device.Status.OFFLINE
         device.save(update_fields=["control_channel", "data_address", "status"])
-    run_services.run_device_lost(device=device, reason="its agent disconnected")
+    recovery.run_device_lost(device=device, reason="its agent disconnected",
+                             detected_by="disconnect")
     return True
 
 
@@ -113,13 +115,20 @@ def _ack(device: Device, message: Message) -> Reply:
     command = _field(message, "command", str)
     ok = _field(message, "ok", bool)
     error = _field(message, "error", str, required=False) or ""
+    generation = _field(message, "generation", int, required=False)
     if command == "deploy":
         run = _run_of(device, message)
         if ok:
-            run_services.run_stage_ready(run=run, device=device)
+            run_services.run_stage_ready(run=run, device=device, generation=generation)
         else:
-            run_services.run_stage_failed(run=run, device=device,
+            run_services.run_stage_failed(run=run, device=device, generation=generation,
                                           error=error or "the agent refused its stage")
+    elif command == "halt" and ok:
+        recovery.run_stage_halted(run=_run_of(device, message), device=device,
+                                  generation=generation, holdings=message.get("holdings"))
+    elif command == "probe" and ok:
+        recovery.run_probe_answered(run=_run_of(device, message), device=device,
+                                    holds=message.get("holds"))
     elif not ok:
         log.warning("device %s refused %s: %s", device.uid, command, error)
         if command == "profile":
@@ -130,13 +139,25 @@ def _ack(device: Device, message: Message) -> Reply:
 
 
 def _stage_done(device: Device, message: Message) -> Reply:
-    run_services.run_stage_done(run=_run_of(device, message), device=device)
+    run_services.run_stage_done(run=_run_of(device, message), device=device,
+                                generation=_field(message, "generation", int, required=False))
     return None
 
 
 def _stage_failed(device: Device, message: Message) -> Reply:
     error = _field(message, "error", str)
-    run_services.run_stage_failed(run=_run_of(device, message), device=device, error=error)
+    run_services.run_stage_failed(run=_run_of(device, message), device=device, error=error,
+                                  generation=_field(message, "generation", int, required=False))
+    return None
+
+
+def _suspect(device: Device, message: Message) -> Reply:
+    """Stage 0's backward timer fired: probe the run's devices."""
+    log.warning("device %s suspects a device of run %s (waited %.2f s for micro-batch %s)",
+                device.uid, message.get("run"), message.get("waited_s", 0.0),
+                message.get("microbatch"))
+    recovery.run_suspect(run=_run_of(device, message), device=device,
+                         generation=_field(message, "generation", int))
     return None
 
 
@@ -217,7 +238,7 @@ HANDLERS: dict[str, Callable[[Device, Message], Reply]] = {
     "hello": _hello, "heartbeat": _heartbeat, "events": _events, "ack": _ack,
     "stage_done": _stage_done, "stage_failed": _stage_failed,
     "profile_result": _profile_result, "profile_progress": _profile_progress,
-    "profile_failed": _profile_failed, "link": _link, "links": _links,
+    "profile_failed": _profile_failed, "link": _link, "links": _links, "suspect": _suspect,
 }
 
 

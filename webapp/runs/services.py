@@ -16,19 +16,28 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import DatabaseError, InterfaceError, transaction
 from django.utils import timezone
 
-from orchestrator.cost import build_cost_model, memory_shortfall
+from orchestrator.cost import CostModel, build_cost_model, memory_shortfall
 from orchestrator.errors import FormatError, PlanningError
 from orchestrator.events import FaultEvent as FaultRecord
 from orchestrator.events import TimelineEvent as TimelineRecord
 from orchestrator.events import parse_event, parse_fault
 from orchestrator.formats import SCHEDULES, parse_plan
+from orchestrator.formats import Plan as PlanDocument
 from orchestrator.partition import LEARNED, PLANNERS, run_planner
 from orchestrator.simulator import simulate
 from webapp.common.exceptions import Conflict, InvalidInput, distinct_choices
 from webapp.devices.commands import command_build, device_command_send
 from webapp.devices.models import Device, ModelSpec
 from webapp.runs import events, selectors
-from webapp.runs.models import FaultEvent, MetricPoint, Plan, Run, RunDevice, TimelineEvent
+from webapp.runs.models import (
+    FaultEvent,
+    Generation,
+    MetricPoint,
+    Plan,
+    Run,
+    RunDevice,
+    TimelineEvent,
+)
 from webapp.runs.selectors import plan_best, run_planning_inputs
 from webapp.runs.states import ACTIVE, RunState, check_transition
 
@@ -54,9 +63,14 @@ def _check_algorithms(algorithms: Sequence[str], field: str = "algorithms") -> l
 @transaction.atomic
 def run_create(*, name: str, model_spec: ModelSpec, devices: Sequence[Device],
                algorithms: Sequence[str], schedule: str = "1f1b", microbatches: int = 8,
-               batches: int = 100, epochs: int = 1,
+               batches: int = 100, epochs: int = 1, chain_every: int = 2,
+               global_every: int = 10, repartition_after: int = 10,
+               repartition_every: int = 100,
                created_by: AbstractBaseUser | None = None) -> Run:
-    """A draft run of ``model_spec`` on ``devices`` (in pipeline order)."""
+    """A draft run of ``model_spec`` on ``devices`` (in pipeline order). ``chain_every``,
+    ``global_every`` (replication) and ``repartition_every`` count batches, 0 turning each
+    off; ``repartition_after`` is checked here too since services are called without the
+    API's validation (the run form, benches)."""
     if not devices:
         raise InvalidInput("devices", "must name at least one device")
     for i, device in enumerate(devices):
@@ -66,10 +80,17 @@ def run_create(*, name: str, model_spec: ModelSpec, devices: Sequence[Device],
             raise InvalidInput(f"devices[{i}]", f"repeats device {device.pk}")
     if schedule not in SCHEDULES:
         raise InvalidInput("schedule", f"must be one of {', '.join(SCHEDULES)}")
+    fault_settings = {"chain_every": chain_every, "global_every": global_every,
+                      "repartition_after": repartition_after,
+                      "repartition_every": repartition_every}
+    for field, value in fault_settings.items():
+        least = 1 if field == "repartition_after" else 0
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise InvalidInput(field, f"must be an integer of at least {least} (batches)")
     run = Run.objects.create(name=name, model_spec=model_spec,
                              algorithms=_check_algorithms(algorithms), schedule=schedule,
                              microbatches=microbatches, batches=batches, epochs=epochs,
-                             created_by=created_by)
+                             created_by=created_by, **fault_settings)
     RunDevice.objects.bulk_create(RunDevice(run=run, device=d, position=k)
                                   for k, d in enumerate(devices))
     events.run_event_send(run.pk, events.event_run(run))
@@ -205,6 +226,12 @@ def stage_specs(*, run: Run, plan: Plan) -> dict[str, dict[str, Any]]:
     cm = build_cost_model(profile, devices)
     document = parse_plan(plan.document, profile=profile, devices=devices,
                           file=f"plan {plan.pk}")
+    return spec_fields(run=run, document=document, cm=cm)
+
+
+def spec_fields(*, run: Run, document: PlanDocument, cm: CostModel) -> dict[str, dict[str, Any]]:
+    """The StageSpecs (as JSON, by device uid) of a plan document of ``run`` under ``cm``:
+    generation 0's; a recovery adds its generation and resume point."""
     spec = run.model_spec
     shared = {
         "run": run.pk, "model": spec.model, "dataset": spec.dataset,
@@ -216,6 +243,9 @@ def stage_specs(*, run: Run, plan: Plan) -> dict[str, dict[str, Any]]:
         "flush_every": run.microbatches,
         "inflight": None if document.inflight is None else list(document.inflight),
         "lr": run.lr, "momentum": run.momentum, "seed": run.pk,
+        # replication points, in micro-batches applied (docs/architecture.md)
+        "chain_every": run.chain_every * run.microbatches,
+        "global_every": run.global_every * run.microbatches,
     }
     return {uid: {**shared, "device": uid, "stage": k, "layers": [stage.first, stage.last]}
             for k, stage in enumerate(document.stages) for uid in stage.devices}
@@ -270,31 +300,59 @@ def _stage_of(run: Run, device: Device) -> RunDevice:
 
 
 @transaction.atomic
-def run_stage_ready(*, run: Run, device: Device) -> Run:
+def run_stage_ready(*, run: Run, device: Device, generation: int | None = None) -> Run:
     """An agent built its stage. When every stage is ready, all start at one time."""
     locked = _locked(run)
     rd = _stage_of(locked, device)
-    if locked.state != RunState.STARTING:
+    recovering = locked.state == RunState.RECOVERING
+    if recovering and generation != locked.recovery.get("generation"):
+        return locked  # ready for a generation a further loss has replaced
+    if locked.state != RunState.STARTING and not recovering:
         return locked  # a late answer to a run that failed or was stopped meanwhile
+    if rd.stage_state != RunDevice.StageState.DEPLOYING:
+        return locked
     rd.stage_state = RunDevice.StageState.READY
     rd.save(update_fields=["stage_state"])
     staged = _staged(locked)
     if any(s.stage_state != RunDevice.StageState.READY for s in staged):
         return locked
+    if recovering:
+        from webapp.runs.recovery import recovery_ready  # it builds on these services
+
+        return recovery_ready(locked)
     started_at = time.time() + START_DELAY_S
     RunDevice.objects.filter(pk__in=[s.pk for s in staged]).update(
         stage_state=RunDevice.StageState.RUNNING)
     _stage_command_all(locked, "start", started_at=started_at)
+    plan = locked.chosen_plan
     running = _transition(locked, RunState.RUNNING, action="run",
-                          started_at=datetime.fromtimestamp(started_at, tz=UTC))
+                          started_at=datetime.fromtimestamp(started_at, tz=UTC),
+                          generation=0, recovery={
+                              "plan": None if plan is None else plan.document, "since_s": 0.0})
+    if plan is not None:
+        Generation.objects.update_or_create(run=running, number=0, defaults={
+            "cause": Generation.Cause.START, "planner": plan.algorithm, "plan": plan.document,
+            "predicted_throughput_sps": plan.throughput_sps, "resumed_at": 0.0})
     _control_event(running, "run_started")
     return running
 
 
+def _stale(run: Run, generation: int | None) -> bool:
+    """A report of a generation a recovery has replaced (or is replacing)."""
+    if generation is None:
+        return False
+    if run.state == RunState.RECOVERING:
+        return generation != run.recovery.get("generation")
+    return generation != run.generation
+
+
 @transaction.atomic
-def run_stage_failed(*, run: Run, device: Device, error: str) -> Run:
+def run_stage_failed(*, run: Run, device: Device, error: str,
+                     generation: int | None = None) -> Run:
     """An agent could not deploy or run its stage: the run fails with its reason."""
     locked = _locked(run)
+    if _stale(locked, generation):
+        return locked
     rd = _stage_of(locked, device)
     rd.stage_state = RunDevice.StageState.FAILED
     rd.stage_error = error
@@ -306,9 +364,11 @@ def run_stage_failed(*, run: Run, device: Device, error: str) -> Run:
 
 
 @transaction.atomic
-def run_stage_done(*, run: Run, device: Device) -> Run:
+def run_stage_done(*, run: Run, device: Device, generation: int | None = None) -> Run:
     """An agent ran its stage to the end; the run finishes with its last stage."""
     locked = _locked(run)
+    if _stale(locked, generation):
+        return locked
     rd = _stage_of(locked, device)
     rd.stage_state = RunDevice.StageState.DONE
     rd.save(update_fields=["stage_state"])
@@ -338,23 +398,6 @@ def runs_fail_stalled(*, older_than_s: float) -> list[int]:
             _fail(locked, f"{names} did not answer the deployment within {older_than_s:.0f} s: "
                           "is its agent running?")
             failed.append(run_id)
-    return failed
-
-
-def run_device_lost(*, device: Device, reason: str) -> list[Run]:
-    """The device's agent went away: every active run it holds a stage of fails, naming it
-    (fault tolerance, which would re-plan without it, is not part of this runtime yet)."""
-    failed = []
-    for run_id in (RunDevice.objects.filter(device=device, run__state__in=ACTIVE,
-                                            stage__isnull=False)
-                   .values_list("run_id", flat=True)):
-        with transaction.atomic():
-            locked = Run.objects.select_for_update().get(pk=run_id)
-            if locked.state in ACTIVE:
-                _control_event(locked, "device_lost", device=device.uid,
-                               detail={"reason": reason})
-                failed.append(_fail(locked, f"device {device.name!r} ({device.uid}) was lost: "
-                                            f"{reason}", device=device.uid))
     return failed
 
 

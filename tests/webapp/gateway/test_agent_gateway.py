@@ -165,10 +165,9 @@ def test_a_stage_the_agent_refuses_fails_the_run_and_stops_the_others() -> None:
     assert RunDevice.objects.get(run=run, device=devices[1]).stage_state == "failed"
 
 
-def test_an_agent_that_disappears_fails_the_run_naming_it() -> None:
-    run, devices = planned_run()
-
-    async def scenario() -> Run:
+def _running(devices: list[Any], run: Run):  # type: ignore[no-untyped-def]
+    """Connect the agents, start the run, ack every deployment; the agents and their specs."""
+    async def go() -> tuple[list[Any], list[dict[str, Any]]]:
         agents = await connect_all(devices)
         await database_sync_to_async(services.run_start)(run=run)
         deploys = [await a.receive_json_from(timeout=5) for a in agents]
@@ -176,7 +175,101 @@ def test_an_agent_that_disappears_fails_the_run_naming_it() -> None:
             await a.send_json_to({"type": "ack", "id": command["id"], "command": "deploy",
                                   "run": run.pk, "ok": True})
         for a in agents:
-            await a.receive_json_from(timeout=5)  # start
+            assert (await a.receive_json_from(timeout=5))["command"] == "start"
+        return agents, [d["spec"] for d in deploys]
+    return go
+
+
+def _holdings(spec: dict[str, Any], specs: list[dict[str, Any]], applied: int
+              ) -> list[dict[str, Any]]:
+    """What a halted agent holds: its own stage and the chain replica of the stage before."""
+    before = specs[(spec["stage"] - 1) % len(specs)]
+    return [{"layers": spec["layers"], "applied": applied, "kind": "own"},
+            {"layers": before["layers"], "applied": applied, "kind": "replica"}]
+
+
+def test_an_agent_that_disappears_makes_the_run_recover_without_it() -> None:
+    run, devices = planned_run()
+
+    async def scenario() -> tuple[list[dict[str, Any]], list[dict[str, Any]], Run]:
+        agents, specs = await _running(devices, run)()
+        await agents[1].disconnect()  # the middle stage's agent
+        survivors = [agents[0], agents[2]]
+        halts = [await a.receive_json_from(timeout=5) for a in survivors]
+        for a, halt, spec in zip(survivors, halts, [specs[0], specs[2]], strict=True):
+            await a.send_json_to({"type": "ack", "id": halt["id"], "command": "halt",
+                                  "run": run.pk, "ok": True, "generation": halt["generation"],
+                                  "holdings": _holdings(spec, specs, 4)})
+        deploys = [await a.receive_json_from(timeout=5) for a in survivors]
+        for a, deploy in zip(survivors, deploys, strict=True):
+            await a.send_json_to({"type": "ack", "id": deploy["id"], "command": "deploy",
+                                  "run": run.pk, "ok": True, "generation": 1})
+        starts = [await a.receive_json_from(timeout=5) for a in survivors]
+        recovered = await database_sync_to_async(Run.objects.get)(pk=run.pk)
+        for a in survivors:
+            await a.disconnect()
+        return halts + deploys, starts, recovered
+
+    commands, starts, recovering = async_to_sync(scenario)()
+    halts, deploys = commands[:2], commands[2:]
+    assert [h["command"] for h in halts] == ["halt", "halt"]
+    assert {h["generation"] for h in halts} == {1}
+    assert [d["command"] for d in deploys] == ["deploy", "deploy"]
+    specs = [d["spec"] for d in deploys]
+    assert {s["generation"] for s in specs} == {1}
+    assert {s["first_microbatch"] for s in specs} == {4}  # the resume point
+    # the survivors split the model; the lost middle stage's layers come from its chain replica
+    # on the last stage's device
+    assert [s["device"] for s in specs] == [devices[0].uid, devices[2].uid]
+    assert specs[0]["layers"][0] == 0 and specs[-1]["layers"][1] == 3
+    parts = [p for d in deploys for p in d["restore"]]
+    assert {(p["device"], p["source"]) for p in parts if p["source"] != "self"} <= {
+        (devices[0].uid, devices[2].uid), (devices[2].uid, devices[0].uid)}
+    covered = sorted(i for p in parts for i in range(p["layers"][0], p["layers"][1] + 1))
+    assert covered == [0, 1, 2, 3]
+    assert {s["command"] for s in starts} == {"start"} and {s["generation"] for s in starts} == {1}
+    assert recovering.state == Run.State.RUNNING, recovering.error
+    assert recovering.generation == 1
+    kinds = list(FaultEvent.objects.filter(run=run).values_list("kind", flat=True))
+    assert kinds[:6] == ["run_started", "device_lost", "recovery_started", "repartitioned",
+                         "weights_redistributed", "recovered"]  # then the test's own goodbyes
+    lost = FaultEvent.objects.filter(run=run, kind="device_lost").first()
+    assert lost is not None
+    assert lost.device == devices[1].uid and lost.detail["detected_by"] == "disconnect"
+    recovered = FaultEvent.objects.get(run=run, kind="recovered")
+    assert recovered.detail["resume_microbatch"] == 4
+    assert RunDevice.objects.get(run=run, device=devices[1]).stage_state == "lost"
+
+
+def test_a_recovery_with_a_layer_copied_nowhere_fails_the_run_naming_it() -> None:
+    run, devices = planned_run()
+
+    async def scenario() -> Run:
+        agents, specs = await _running(devices, run)()
+        await agents[1].disconnect()
+        for a, spec in zip([agents[0], agents[2]], [specs[0], specs[2]], strict=True):
+            halt = await a.receive_json_from(timeout=5)
+            own = [{"layers": spec["layers"], "applied": 4, "kind": "own"}]  # no replicas
+            await a.send_json_to({"type": "ack", "id": halt["id"], "command": "halt",
+                                  "run": run.pk, "ok": True, "generation": 1, "holdings": own})
+        for a in (agents[0], agents[2]):
+            assert (await a.receive_json_from(timeout=5))["command"] == "stop"
+            await a.disconnect()
+        return await database_sync_to_async(Run.objects.get)(pk=run.pk)
+
+    failed = async_to_sync(scenario)()
+    assert failed.state == Run.State.FAILED
+    assert "recovery 1 failed" in failed.error and "layer" in failed.error
+
+
+def test_an_agent_that_disappears_while_the_run_starts_fails_it_naming_it() -> None:
+    run, devices = planned_run()
+
+    async def scenario() -> Run:
+        agents = await connect_all(devices)
+        await database_sync_to_async(services.run_start)(run=run)
+        for a in agents:
+            assert (await a.receive_json_from(timeout=5))["command"] == "deploy"
         await agents[2].disconnect()
         for a in agents[:2]:
             assert (await a.receive_json_from(timeout=5))["command"] == "stop"

@@ -1,0 +1,157 @@
+"""Checkpoints, replicas and resuming: weights saved by one stage layout load into another, and a
+pipeline resumed at a checkpoint trains exactly as if it had never stopped."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from agent.data import load_dataset
+from agent.executor import Clock, StageError, StageExecutor, StageSpec
+from agent.transport import DataPlane
+from agent.weights import (
+    Entry,
+    WeightError,
+    WeightStore,
+    from_bytes,
+    layer_state,
+    load_layer_state,
+    to_bytes,
+)
+from agent.zoo import build_model
+
+DIGITS = load_dataset("digits")
+
+
+def mlp(seed: int = 0):  # type: ignore[no-untyped-def]
+    return build_model("mlp", input_shape=DIGITS.input_shape, num_classes=10, seed=seed)
+
+
+def test_weights_saved_by_one_layout_load_into_another() -> None:
+    source, target = mlp(seed=1), mlp(seed=2)
+    saved = {**layer_state(source.stage(0, 1), 0), **layer_state(source.stage(2, 3), 2)}
+    stage = target.stage(1, 2)
+    load_layer_state(stage, 1, saved)
+    for a, b in zip(stage.parameters(), source.stage(1, 2).parameters(), strict=True):
+        assert torch.equal(a, b)
+    with pytest.raises(WeightError, match="no weights for 3"):
+        load_layer_state(target.stage(3, 3), 3, layer_state(source.stage(0, 2), 0))
+
+
+def test_safetensors_round_trip_and_refusals() -> None:
+    tensors = layer_state(mlp().stage(1, 2), 1)
+    blob = to_bytes(tensors, run=7, first=1, last=2, applied=16)
+    back = from_bytes(blob, first=1, last=2)
+    assert back.keys() == tensors.keys()
+    assert all(torch.equal(back[k], tensors[k]) for k in tensors)
+    with pytest.raises(WeightError, match=r"outside layers 2\.\.2"):
+        from_bytes(blob, first=2, last=2)
+    for garbage in (b"", b"\x05\x00\x00\x00\x00\x00\x00\x00{}", b"\xff" * 64):
+        with pytest.raises(WeightError):
+            from_bytes(garbage, first=0, last=3)
+
+
+def entry(layers: tuple[int, int], applied: int, kind: str = "own", *, pinned: bool = True,
+          value: float = 0.0) -> Entry:
+    tensors = {f"{i}.w": torch.full((2,), value + i) for i in range(layers[0], layers[1] + 1)}
+    return Entry(layers=layers, applied=applied, kind=kind, tensors=tensors, pinned=pinned)
+
+
+def test_the_store_keeps_the_two_newest_replication_points_of_each_kind() -> None:
+    store = WeightStore()
+    for applied in (8, 16, 24):
+        store.add(entry((0, 1), applied))
+        store.add(entry((2, 3), applied, "replica"))
+    store.add(entry((0, 1), 25, pinned=False))  # the rollback window is kept apart
+    assert {(tuple(h["layers"]), h["applied"], h["kind"]) for h in store.holdings()} == {
+        ((0, 1), 16, "own"), ((0, 1), 24, "own"), ((0, 1), 25, "own"),
+        ((2, 3), 16, "replica"), ((2, 3), 24, "replica")}
+    store.trim_window((0, 1), floor=30, current=31)
+    assert {h["applied"] for h in store.holdings() if h["kind"] == "own"} == {16, 24}
+
+
+def test_a_part_merges_own_weights_and_replicas_or_is_missing() -> None:
+    store = WeightStore()
+    store.add(entry((0, 1), 16, value=10))
+    store.add(entry((2, 3), 16, "replica", value=20))
+    part = store.part(1, 2, 16)
+    assert part is not None and sorted(part) == ["1.w", "2.w"]
+    assert part["2.w"][0].item() == 22
+    assert store.part(0, 3, 8) is None
+    store.add(entry((2, 2), 8))
+    assert store.part(1, 2, 8) is None  # layer 1 has no copy at 8
+
+
+def train(layers: Sequence[tuple[int, int]], *, microbatches: int, first_microbatch: int = 0,
+          start: dict[str, torch.Tensor] | None = None, chain_every: int = 0
+          ) -> tuple[torch.Tensor, list[WeightStore], list[list[int]]]:
+    """Train the MLP on digits through a real ZeroMQ pipeline of ``layers`` (GPipe flushing
+    every micro-batch: no staleness, so the result does not depend on the layout); returns the
+    final weights, each stage's store and the micro-batches each stage updated."""
+    net = mlp()
+    if start is not None:
+        for first, last in layers:
+            load_layer_state(net.stage(first, last), first, start)
+    devices = [f"d{k}" for k in range(len(layers))]
+    planes = {d: DataPlane(bind="tcp://127.0.0.1:0") for d in devices}
+    for d in devices:
+        for peer in devices:
+            if peer != d:
+                planes[d].connect(peer, planes[peer].address)
+    stores = [WeightStore() for _ in layers]
+    updated: list[list[int]] = [[] for _ in layers]
+    errors: list[BaseException] = []
+    clock = Clock(started_at=time.time())
+
+    def run(k: int) -> None:
+        spec = StageSpec(run=1, device=devices[k], stage=k, layers=layers[k], model="mlp",
+                         dataset="digits", batch_size=32, schedule="gpipe",
+                         stage_devices=tuple((d,) for d in devices),
+                         stage_times_s=tuple((1.0,) for _ in devices), microbatches=microbatches,
+                         flush_every=1, lr=0.1, receive_timeout_s=30, generation=1,
+                         first_microbatch=first_microbatch, chain_every=chain_every)
+        try:
+            result = StageExecutor(spec, module=net.stage(*layers[k]), plane=planes[devices[k]],
+                                   clock=clock, dataset=DIGITS if k == 0 else None,
+                                   store=stores[k]).run()
+            updated[k] = result.updated
+        except BaseException as exc:  # surfaced by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(len(layers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for plane in planes.values():
+        plane.close()
+    assert not errors, errors
+    return torch.cat([p.detach().flatten() for p in net.full().parameters()]), stores, updated
+
+
+def test_a_pipeline_resumed_at_a_checkpoint_trains_as_if_it_never_stopped() -> None:
+    whole, stores, updated = train([(0, 1), (2, 2), (3, 3)], microbatches=40, chain_every=8)
+    assert updated == [list(range(40))] * 3  # every update once, in order, on every stage
+    # the checkpoints at 32 updates of the three stages (the newest two replication points,
+    # 32 and 40, are kept), resumed on another layout
+    checkpoint: dict[str, torch.Tensor] = {}
+    for store, layers in zip(stores, [(0, 1), (2, 2), (3, 3)], strict=True):
+        part = store.part(*layers, 32)
+        assert part is not None
+        checkpoint.update(part)
+    resumed, _, updated = train([(0, 2), (3, 3)], microbatches=40, first_microbatch=32,
+                                start=checkpoint)
+    assert updated == [list(range(32, 40))] * 2
+    assert torch.equal(resumed, whole)
+
+
+def test_a_resume_point_off_a_batch_boundary_is_refused_under_gpipe() -> None:
+    with pytest.raises(StageError, match="batch boundary"):
+        StageSpec(run=1, device="d0", stage=0, layers=(0, 3), model="mlp", dataset="digits",
+                  batch_size=32, schedule="gpipe", stage_devices=(("d0",),),
+                  stage_times_s=((1.0,),), microbatches=16, flush_every=4,
+                  first_microbatch=6).check()

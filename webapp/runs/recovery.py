@@ -1,0 +1,381 @@
+"""Fault tolerance on the server: a lost device's run recovers instead of failing
+(docs/architecture.md, "Fault tolerance and dynamic re-partition").
+
+Thin over the planning core: `orchestrator.capacity` re-estimates the devices from what they
+measured, the run's planner plans the devices still there, `orchestrator.recovery` chooses the
+resume point and where each device's weights come from. This module keeps the state machine:
+
+    running --device lost--> recovering: survivors halt and report their holdings
+    all halted --> re-plan, resume point, deploy the next generation with its restore lists
+    all ready (the commit barrier) --> start at the resume point: running again
+
+Re-planning runs here, in the web process that received the agent's message, not on a Celery
+worker: it takes milliseconds for the non-learned planners, and a worker's queue would add its
+polling to a recovery that must take seconds (the embedded broker polls once a second).
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from django.conf import settings
+from django.db import close_old_connections, transaction
+
+from orchestrator.capacity import estimate_capacities
+from orchestrator.cost import build_cost_model
+from orchestrator.errors import FormatError, PlanningError
+from orchestrator.formats import DeviceSet, ModelProfile, parse_plan
+from orchestrator.partition import LEARNED, run_planner
+from orchestrator.recovery import CENTRAL, Holding, restore_plan
+from webapp.devices.commands import command_build, device_command_send
+from webapp.devices.models import Device
+from webapp.runs import replicas
+from webapp.runs.models import Generation, Run, RunDevice, TimelineEvent
+from webapp.runs.selectors import run_planning_inputs
+from webapp.runs.services import (
+    ACTIVE_DEVICE,
+    _control_event,
+    _fail,
+    _locked,
+    _run_clock,
+    _staged,
+    _transition,
+    spec_fields,
+)
+from webapp.runs.states import RunState
+
+log = logging.getLogger(__name__)
+
+RESUME_DELAY_S = 0.1  # between the last ready and the common resume, for the start message
+MEASURED_MICROBATCHES = 50  # capacities are estimated from this many recent micro-batches
+S = RunDevice.StageState
+
+
+def _subset(devices: DeviceSet, keep: Sequence[str]) -> DeviceSet:
+    chosen = set(keep)
+    return DeviceSet(devices=tuple(d for d in devices.devices if d.id in chosen),
+                     links=tuple(li for li in devices.links if li.a in chosen and li.b in chosen),
+                     file=devices.file)
+
+
+def measured_stage_s(*, run: Run, since_s: float) -> dict[str, float]:
+    """Each device's median time per micro-batch (forward + backward + update) over its recent
+    micro-batches since ``since_s`` (run clock): what capacity estimation compares with the
+    cost model's prediction."""
+    rows = (TimelineEvent.objects.filter(run=run, start__gte=since_s,
+                                         kind__in=("forward", "backward", "update"))
+            .order_by("-start").values_list("device", "microbatch", "start", "end"))
+    per: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    for device, microbatch, start, end in rows[:MEASURED_MICROBATCHES * 3 * 8]:
+        per[device][microbatch] += end - start
+    out = {}
+    for device, by_microbatch in per.items():
+        times = sorted(by_microbatch.items(), reverse=True)[:MEASURED_MICROBATCHES]
+        if len(times) >= 3:
+            out[device] = statistics.median(t for _, t in times)
+    return out
+
+
+def _planning_devices(run: Run, profile: ModelProfile, devices: DeviceSet) -> DeviceSet:
+    """The run's devices with speeds re-estimated from the current generation's measured
+    stage times (FTPipeHD's capacity estimation); as profiled when nothing was measured."""
+    if run.chosen_plan is None or not run.recovery.get("plan"):
+        return devices
+    try:
+        cm = build_cost_model(profile, devices)
+        current = parse_plan(run.recovery["plan"], profile=profile, devices=devices,
+                             file="the current plan")
+        compute = measured_stage_s(run=run, since_s=float(run.recovery.get("since_s", 0.0)))
+        # the events time the layers' work; the stage time the cost model predicts also has
+        # the device's fixed overhead per micro-batch (formats.Device.overhead_s)
+        measured = {d: t + float(cm.overhead_s[cm.index(d)]) for d, t in compute.items()
+                    if d in current.device_ids}
+        return estimate_capacities(cm, current, measured_s=measured) if measured else devices
+    except (PlanningError, FormatError, ValueError) as exc:
+        log.warning("run %s: capacities not re-estimated: %s", run.pk, exc)
+        return devices
+
+
+def _holdings(run: Run, staged: Sequence[RunDevice]) -> list[Holding]:
+    out = [Holding.from_json(raw, device=rd.device.uid) for rd in staged
+           for raw in (rd.holdings or [])]
+    out += [Holding.from_json({**raw, "kind": "central"}, device=CENTRAL)
+            for raw in replicas.replica_holdings(run=run)]
+    return out
+
+
+# --------------------------------------------------------------------------- detection
+
+
+def run_device_lost(*, device: Device, reason: str, detected_by: str) -> list[Run]:
+    """The device is gone (its connection closed, its heartbeats stopped, a probe went
+    unanswered): every active run it holds a stage of recovers without it; a run still starting
+    fails, naming it."""
+    touched = []
+    for run_id in (RunDevice.objects.filter(device=device, run__state__in=(
+            RunState.STARTING, RunState.RUNNING, RunState.RECOVERING, RunState.PAUSED))
+            .exclude(stage_state=S.LOST).values_list("run_id", flat=True)):
+        with transaction.atomic():
+            run = _locked(Run(pk=run_id))
+            if run.state not in (RunState.STARTING, RunState.RUNNING, RunState.RECOVERING,
+                                 RunState.PAUSED):
+                continue
+            rd = RunDevice.objects.select_for_update().get(run=run, device=device)
+            if run.state in (RunState.RUNNING, RunState.RECOVERING) and _holds(rd):
+                touched.append(_lose(run, [rd], reason=reason, detected_by=detected_by))
+            elif rd.stage is not None:
+                _control_event(run, "device_lost", device=device.uid,
+                               detail={"reason": reason, "detected_by": detected_by})
+                touched.append(_fail(run, f"device {device.name!r} ({device.uid}) was lost: "
+                                          f"{reason}", device=device.uid))
+    return touched
+
+
+def _holds(rd: RunDevice) -> bool:
+    """Does the device run a stage of the run, or hold weights a recovery may need?"""
+    return rd.stage_state != S.LOST and (
+        rd.stage is not None or rd.stage_state in (S.HALTING, S.HALTED) or bool(rd.holdings))
+
+
+def _lose(run: Run, lost: Sequence[RunDevice], *, reason: str, detected_by: str) -> Run:
+    """With the run locked: mark ``lost`` and (re)start its recovery; every other staged
+    device halts and reports what it holds."""
+    recovery = dict(run.recovery or {})
+    fresh = run.state != RunState.RECOVERING
+    if fresh:
+        recovery = {"lost": [], "detected_at": _run_clock(run), "detected_wall": time.time(),
+                    "plan": recovery.get("plan"), "since_s": recovery.get("since_s", 0.0),
+                    "restart_s": recovery.get("restart_s")}
+    for rd in lost:
+        rd.stage_state = S.LOST
+        rd.save(update_fields=["stage_state"])
+        recovery["lost"] = sorted(set(recovery["lost"]) | {rd.device.uid})
+        _control_event(run, "device_lost", device=rd.device.uid,
+                       detail={"reason": reason, "detected_by": detected_by})
+    generation = run.generation + 1 if fresh else int(recovery["generation"]) + 1
+    recovery["generation"] = generation
+    recovery["phase"] = "halting"
+    _control_event(run, "recovery_started",
+                   detail={"generation": generation, "lost": recovery["lost"]})
+    survivors = [rd for rd in RunDevice.objects.filter(run=run).select_related("device")
+                 if _holds(rd) and rd.device.uid not in recovery["lost"]]
+    if fresh:
+        run = _transition(run, RunState.RECOVERING, action="recover", recovery=recovery)
+    else:
+        run.recovery = recovery
+        run.save(update_fields=["recovery"])
+    if not survivors and not _candidates(run):
+        return _fail(run, "every device of the run was lost: "
+                          + ", ".join(recovery["lost"]))
+    for rd in survivors:
+        rd.stage_state = S.HALTING
+        rd.save(update_fields=["stage_state"])
+        device_command_send(uid=rd.device.uid, command=command_build(
+            "halt", run=run.pk, generation=generation))
+    if not survivors:
+        return _replan(run)
+    return run
+
+
+# --------------------------------------------------------------------------- halted, re-plan
+
+
+def _candidates(run: Run) -> list[RunDevice]:
+    """The run's devices a new generation may use: connected, and not lost in this recovery
+    (a device that came back after an earlier loss rejoins here)."""
+    lost = set((run.recovery or {}).get("lost", []))
+    return [rd for rd in RunDevice.objects.filter(run=run).select_related("device")
+            .order_by("position")
+            if rd.device.uid not in lost and rd.device.status in ACTIVE_DEVICE
+            and rd.device.data_address]
+
+
+@transaction.atomic
+def run_stage_halted(*, run: Run, device: Device, generation: Any, holdings: Any) -> Run:
+    """A survivor stopped its stage and said what it holds; once all have, re-plan."""
+    locked = _locked(run)
+    recovery = locked.recovery or {}
+    if locked.state != RunState.RECOVERING or generation != recovery.get("generation"):
+        return locked  # a late answer to an earlier recovery
+    rd = RunDevice.objects.select_for_update().get(run=locked, device=device)
+    if not isinstance(holdings, list):
+        holdings = []
+    rd.holdings = holdings
+    rd.stage_state = S.HALTED
+    rd.save(update_fields=["holdings", "stage_state"])
+    if RunDevice.objects.filter(run=locked, stage_state=S.HALTING).exists():
+        return locked
+    return _replan(locked)
+
+
+def _replan(run: Run) -> Run:
+    """With the run locked and every survivor halted: plan the next generation, choose the
+    resume point and the weights' sources, and deploy it."""
+    recovery = dict(run.recovery)
+    generation = int(recovery["generation"])
+    candidates = _candidates(run)
+    if not candidates:
+        return _fail(run, "no device is left to recover on (lost: "
+                          f"{', '.join(recovery['lost'])})")
+    try:
+        profile, all_devices = run_planning_inputs(run=run)
+        estimated = _planning_devices(run, profile, all_devices)
+        devices = _subset(estimated, [rd.device.uid for rd in candidates])
+        cm = build_cost_model(profile, devices)
+        algorithm = run.chosen_plan.algorithm if run.chosen_plan else "ftpipehd"
+        if algorithm in LEARNED:
+            algorithm = "ftpipehd"  # a minute of training has no place in a recovery
+        plan = run_planner(cm, algorithm, schedule=run.schedule, microbatches=run.microbatches)
+        lost = set(recovery["lost"])
+        holders = [rd for rd in RunDevice.objects.filter(run=run).select_related("device")
+                   if rd.holdings and rd.device.uid not in lost]
+        holdings = _holdings(run, holders)
+        restore = restore_plan(plan, holdings, profile)
+    except (PlanningError, FormatError, ValueError) as exc:
+        return _fail(run, f"recovery {generation} failed: {exc}")
+    if run.schedule == "gpipe" and restore.resume % run.microbatches:
+        return _fail(run, f"recovery {generation} failed: resume point {restore.resume} is "
+                          "not at a batch boundary")
+    total = run.microbatches * run.batches * run.epochs
+    if restore.resume >= total:
+        return _fail(run, f"recovery {generation}: every micro-batch was already trained")
+    predicted = plan.predicted
+    document = plan.to_json()
+    Generation.objects.update_or_create(run=run, number=generation, defaults={
+        "cause": Generation.Cause.FAILURE, "lost": recovery["lost"], "planner": algorithm,
+        "plan": document, "resume_microbatch": restore.resume,
+        "predicted_throughput_sps": None if predicted is None else predicted.throughput_sps,
+        "detected_at": recovery.get("detected_at"), "transfers": restore.to_json()["parts"],
+        "bytes_moved": restore.bytes_moved})
+    _control_event(run, "repartitioned", detail={
+        "generation": generation, "cause": "failure", "planner": algorithm,
+        "stages": [{"devices": list(s.devices), "layers": [s.first, s.last]}
+                   for s in plan.stages],
+        "predicted_throughput_sps": None if predicted is None else predicted.throughput_sps,
+        "resume_microbatch": restore.resume})
+    specs = spec_fields(run=run, document=plan, cm=cm)
+    peers = {rd.device.uid: rd.device.data_address for rd in candidates}
+    staged = set(specs)
+    for rd in RunDevice.objects.filter(run=run).select_related("device"):
+        spec = specs.get(rd.device.uid)
+        if spec is not None:
+            rd.stage, rd.stage_state, rd.stage_error = spec["stage"], S.DEPLOYING, ""
+        elif rd.stage_state != S.LOST:
+            rd.stage, rd.stage_state = None, S.IDLE
+        else:
+            rd.stage = None
+        rd.save(update_fields=["stage", "stage_state", "stage_error"])
+    started_at = run.started_at.timestamp() if run.started_at else time.time()
+    for uid, spec in specs.items():
+        spec = {**spec, "generation": generation, "first_microbatch": restore.resume}
+        device_command_send(uid=uid, command=command_build(
+            "deploy", run=run.pk, spec=spec, peers=peers, started_at=started_at,
+            restore=[p.to_json() for p in restore.parts_of(uid)]))
+    recovery.update({
+        "phase": "deploying", "replanned_wall": time.time(), "resume": restore.resume,
+        "release": sorted(rd.device.uid for rd in candidates if rd.device.uid not in staged),
+        "next_plan": document, "bytes_moved": restore.bytes_moved,
+        "transfers": restore.transfers,
+        # the furthest any stage had got: the work past the resume point is done again
+        "redone": max([h.applied - restore.resume for h in holdings if h.kind == "own"]
+                      + [0])})
+    run.recovery = recovery
+    run.save(update_fields=["recovery"])
+    return run
+
+
+# --------------------------------------------------------------------------- commit, resume
+
+
+def recovery_ready(run: Run) -> Run:
+    """With the run locked, recovering and every stage of the next generation ready: the
+    commit. Everyone starts at the resume point at one time; the survivors the new plan left
+    out drop what they held."""
+    recovery = dict(run.recovery)
+    generation = int(recovery["generation"])
+    now = time.time()
+    begin_at = now + RESUME_DELAY_S
+    started_at = run.started_at.timestamp() if run.started_at else now
+    staged = _staged(run)
+    RunDevice.objects.filter(pk__in=[s.pk for s in staged]).update(stage_state=S.RUNNING)
+    RunDevice.objects.filter(run=run).update(holdings=[])
+    for rd in staged:
+        device_command_send(uid=rd.device.uid, command=command_build(
+            "start", run=run.pk, generation=generation, started_at=started_at,
+            begin_at=begin_at))
+    for uid in recovery.get("release", []):
+        device_command_send(uid=uid, command=command_build("stop", run=run.pk))
+    detected = float(recovery.get("detected_wall", now))
+    moved_s = now - float(recovery.get("replanned_wall", now))
+    _control_event(run, "weights_redistributed", detail={
+        "generation": generation, "bytes_moved": recovery.get("bytes_moved", 0),
+        "transfers": recovery.get("transfers", 0), "duration_s": round(moved_s, 4)})
+    recovery_s = begin_at - detected
+    resumed_at = begin_at - started_at
+    Generation.objects.filter(run=run, number=generation).update(resumed_at=resumed_at)
+    run.generation = generation
+    run.recovery = {"plan": recovery.get("next_plan"), "since_s": resumed_at,
+                    "restart_s": recovery_s}
+    running = _transition(run, RunState.RUNNING, action="resume after recovery")
+    _control_event(running, "recovered", detail={
+        "generation": generation, "recovery_s": round(recovery_s, 4),
+        "resume_microbatch": recovery.get("resume", 0),
+        "microbatches_redone": recovery.get("redone", 0)})
+    return running
+
+
+# --------------------------------------------------------------------------- probing
+
+
+_probes: dict[int, dict[str, Any]] = {}
+_probes_lock = threading.Lock()
+
+
+def run_suspect(*, run: Run, device: Device, generation: Any) -> None:
+    """Stage 0's backward timer fired: probe every staged device; whoever has not answered
+    within PROBE_TIMEOUT_S is lost (a device that answers without the stage restarted and is
+    lost too)."""
+    if run.state != RunState.RUNNING or generation != run.generation:
+        return
+    staged = [rd.device.uid for rd in _staged(run)]
+    with _probes_lock:
+        if run.pk in _probes:
+            return  # a probe is already out
+        _probes[run.pk] = {"asked": staged, "answers": {}}
+    for uid in staged:
+        device_command_send(uid=uid, command=command_build("probe", run=run.pk))
+    timer = threading.Timer(settings.PROBE_TIMEOUT_S, _probe_verdict, args=(run.pk,))
+    timer.daemon = True
+    timer.start()
+
+
+def run_probe_answered(*, run: Run, device: Device, holds: Any) -> None:
+    with _probes_lock:
+        probe = _probes.get(run.pk)
+        if probe is not None:
+            probe["answers"][device.uid] = bool(holds)
+
+
+def _probe_verdict(run_id: int) -> None:
+    with _probes_lock:
+        probe = _probes.pop(run_id, None)
+    if probe is None:
+        return
+    close_old_connections()
+    try:
+        answers = probe["answers"]
+        for uid in probe["asked"]:
+            if answers.get(uid):
+                continue
+            device = Device.objects.get(uid=uid)
+            reason = ("it restarted: its stage is gone" if uid in answers
+                      else f"no answer to a probe within {settings.PROBE_TIMEOUT_S:g} s")
+            run_device_lost(device=device, reason=reason, detected_by="probe")
+    finally:
+        close_old_connections()
