@@ -19,6 +19,7 @@ Commands (docs/architecture.md, "Agent control protocol"), one handler each:
   agent holds (checkpoints and replicas, docs/architecture.md, "Fault tolerance"), and a
   ``deploy`` of the next generation says what to restore from where;
 - ``probe``: does this agent still hold the run's stage (dead, restarted or healthy);
+- ``emulate``: change the emulated ``--slowdown`` mid-run (a device heating up);
 - ``exit``: fault injection: the process exits at once, as a crash would.
 
 Every command is acknowledged; one the agent cannot carry out (a stage for another device, a
@@ -43,7 +44,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -53,6 +54,7 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from agent.config import AgentConfig, websocket_url
 from agent.data import DataError, Dataset, load_dataset
+from agent.emulation import Slowdown
 from agent.executor import Clock, Metric, StageError, StageExecutor, StageSpec, StageStopped
 from agent.profiler import measure_overhead, profile_model
 from agent.transport import DataPlane, SendRecord, Shaping, encode
@@ -144,7 +146,7 @@ class AgentRuntime:
             "profile": self._profile, "deploy": self._deploy, "start": self._start,
             "pause": self._pause, "resume": self._resume, "stop": self._stop_run,
             "measure": self._measure, "halt": self._halt, "probe": self._probe,
-            "exit": self._exit}
+            "emulate": self._emulate, "exit": self._exit}
         if config.threads:
             torch.set_num_threads(config.threads)
         # the receiver, sender and stage threads hand messages to each other: a thread waiting
@@ -601,6 +603,19 @@ class AgentRuntime:
         return {"ok": True, "holds": deployment is not None,
                 "generation": None if deployment is None else deployment.spec.generation,
                 "applied": None if deployment is None else deployment.executor.applied}
+
+    def _emulate(self, command: Message) -> Message:
+        """Change the emulated slowdown now (a device heating up, for tests and demos): the
+        stages running here slow down from their next pass; profiles taken later see it."""
+        slowdown = command.get("slowdown")
+        if isinstance(slowdown, bool) or not isinstance(slowdown, (int, float)) or not (
+                1 <= slowdown <= 1000):
+            raise StageError("emulate needs slowdown, a number from 1 to 1000")
+        self.config = replace(self.config, slowdown=float(slowdown))
+        for deployment in list(self.deployments.values()):
+            deployment.executor.emulation = Slowdown(float(slowdown))
+        log.warning("now emulating a device %gx slower", slowdown)
+        return {"ok": True, "slowdown": float(slowdown)}
 
     def _exit(self, command: Message) -> Message:
         log.warning("told to exit by the server (fault injection): exiting now")

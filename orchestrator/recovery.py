@@ -32,12 +32,15 @@ the time saved over the remaining micro-batches exceeds the time the move costs.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.cost import CostModel
 from orchestrator.errors import FormatError, PlanningError
 from orchestrator.formats import ModelProfile, Plan, check_stages
+from orchestrator.partition.common import finish_plan
 from orchestrator.redistribution import CENTRAL
 from orchestrator.validation import At, expect_integer, expect_list, expect_object
 
@@ -53,6 +56,7 @@ __all__ = [
     "repartition_decision",
     "restore_plan",
     "resume_point",
+    "successor_takes_over",
 ]
 
 SELF = "self"
@@ -368,3 +372,31 @@ def repartition_decision(*, measured_period_s: float, new_period_s: float,
     redo = _count("redo_microbatches", redo_microbatches)
     return Decision(saved_s=(measured - period) * remaining,
                     cost_s=moving / bandwidth + restart + redo * period)
+
+
+def successor_takes_over(cm: CostModel, old: Plan, failed: Collection[str], *,
+                         schedule: str | None = None, microbatches: int | None = None) -> Plan:
+    """ResPipe-style recovery, the baseline FTPipeHD improves on: no re-plan; each stage whose
+    devices all failed hands its layers to the next surviving stage (the last surviving stage's
+    predecessor when no stage after it survives). Failed devices leave replicated stages.
+    ``cm`` covers the survivors."""
+    started = time.perf_counter()
+    gone = set(failed)
+    kept = [(stage.first, stage.last, tuple(d for d in stage.devices if d not in gone))
+            for stage in old.stages]
+    if not any(devices for _, _, devices in kept):
+        raise RecoveryError("every device of the plan failed")
+    merged: list[list[Any]] = []
+    orphan: int | None = None  # first layer of a run of failed stages waiting for a successor
+    for first, last, devices in kept:
+        if not devices:
+            orphan = first if orphan is None else orphan
+            continue
+        merged.append([first if orphan is None else orphan, last, devices])
+        orphan = None
+    if orphan is not None:  # the tail failed: the last survivor takes it
+        merged[-1][1] = old.stages[-1].last
+    index = {d: i for i, d in enumerate(cm.devices.ids)}
+    raw = [(a, e, tuple(index[d] for d in devices)) for a, e, devices in merged]
+    return finish_plan(cm, raw, algorithm="respipe", schedule=schedule or old.schedule,
+                       microbatches=microbatches or old.microbatches, started=started)

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestrator.errors import PlanningError
-from orchestrator.formats import Plan, Stage
+from orchestrator.formats import ModelProfile, Plan, Stage
 from orchestrator.recovery import (
     CENTRAL,
     SELF,
@@ -417,3 +417,39 @@ def test_repartition_decision_arithmetic() -> None:
 def test_repartition_decision_names_a_bad_argument(name: str, value: object) -> None:
     with pytest.raises(ValueError, match=f"^{name} must"):
         repartition_decision(**{**GOOD, name: value})  # type: ignore[arg-type]
+
+
+def test_the_respipe_baseline_hands_a_failed_stage_to_its_successor() -> None:
+    from orchestrator.cost import build_cost_model
+    from orchestrator.formats import Device, DeviceSet
+    from orchestrator.recovery import successor_takes_over
+
+    profile = _profile_for_respipe()
+    ids = ("a", "b", "c", "d")
+    devices = DeviceSet(devices=tuple(Device(id=i, speed=1.0, memory_bytes=2**34,
+                                             bandwidth_bps=1e9) for i in ids))
+    old = Plan(algorithm="x", schedule="1f1b", microbatches=4, stages=(
+        Stage((0, 1), ("a",)), Stage((2, 3), ("b",)), Stage((4, 5), ("c",)),
+        Stage((6, 7), ("d",))))
+
+    def cut(failed: set[str]) -> list[tuple[tuple[int, int], tuple[str, ...]]]:
+        keep = DeviceSet(devices=tuple(d for d in devices.devices if d.id not in failed))
+        plan = successor_takes_over(build_cost_model(profile, keep), old, failed)
+        assert plan.predicted is not None and plan.algorithm == "respipe"
+        return [(s.layers, s.devices) for s in plan.stages]
+
+    assert cut({"b"}) == [((0, 1), ("a",)), ((2, 5), ("c",)), ((6, 7), ("d",))]
+    assert cut({"d"}) == [((0, 1), ("a",)), ((2, 3), ("b",)), ((4, 7), ("c",))]
+    assert cut({"b", "c"}) == [((0, 1), ("a",)), ((2, 7), ("d",))]
+    assert cut({"a"}) == [((0, 3), ("b",)), ((4, 5), ("c",)), ((6, 7), ("d",))]
+    with pytest.raises(RecoveryError, match="every device"):
+        successor_takes_over(build_cost_model(profile, devices), old, set(ids))
+
+
+def _profile_for_respipe() -> ModelProfile:
+    from orchestrator.formats import Layer
+
+    return ModelProfile(model="m", batch_size=1, reference="r", layers=tuple(
+        Layer(name=f"l{i}", kind="dense", forward_s=0.01, backward_s=0.02,
+                     output_bytes=1000, param_bytes=4000, activation_bytes=1000)
+        for i in range(8)))

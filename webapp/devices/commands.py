@@ -17,7 +17,7 @@ from channels.layers import get_channel_layer
 from django.db import transaction
 
 COMMANDS = ("profile", "deploy", "start", "pause", "resume", "stop", "measure", "halt", "probe",
-            "exit")
+            "emulate", "exit")
 
 Command = dict[str, Any]
 

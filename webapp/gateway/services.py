@@ -108,6 +108,10 @@ def _events(device: Device, message: Message) -> Reply:
         run=run, device=device, timeline=_field(message, "timeline", list, required=False) or [],
         faults=_field(message, "faults", list, required=False) or [],
         metrics=_field(message, "metrics", list, required=False) or [])
+    updates = [e.get("microbatch") for e in message.get("timeline") or []
+               if e.get("kind") == "update" and isinstance(e.get("microbatch"), int)]
+    if updates:  # the dynamic re-partition's clock: how far training has got
+        recovery.run_repartition_check(run_id=run.pk, progress=max(updates))
     return {"type": "stored", "run": run.pk, **stored}
 
 

@@ -68,6 +68,10 @@ class RunListCreateApi(APIView):
         repartition_every = fields.IntegerField(
             min_value=0, max_value=10**9, required=False, default=100,
             help_text="batches between dynamic re-partition checks; 0 = off")
+        recovery_policy = serializers.ChoiceField(
+            choices=["replan", "respipe"], required=False, default="replan",
+            help_text="after a failure: replan (re-plan the survivors with the run's planner) "
+                      "or respipe (the baseline: the failed stage's successor takes its layers)")
 
     @extend_schema(parameters=[RunFilter], responses=RunOutput(many=True))
     def get(self, request: Request) -> Response:

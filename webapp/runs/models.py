@@ -51,6 +51,11 @@ class Run(models.Model):
     repartition_every = models.PositiveIntegerField(
         default=100, help_text="batches between dynamic re-partition checks; "
                                "0 = dynamic re-partition off")
+    recovery_policy = models.CharField(
+        max_length=16, choices=[("replan", "replan"), ("respipe", "respipe")], default="replan",
+        help_text="after a failure: replan (FTPipeHD: re-plan the survivors with the run's "
+                  "planner) or respipe (the baseline: the failed stage's successor takes its "
+                  "layers)")
     generation = models.PositiveIntegerField(
         default=0, help_text="the current deployment: 0 at start, +1 at each recovery or "
                              "re-partition")

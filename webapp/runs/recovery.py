@@ -32,7 +32,15 @@ from orchestrator.cost import build_cost_model
 from orchestrator.errors import FormatError, PlanningError
 from orchestrator.formats import DeviceSet, ModelProfile, parse_plan
 from orchestrator.partition import LEARNED, run_planner
-from orchestrator.recovery import CENTRAL, Holding, restore_plan
+from orchestrator.recovery import (
+    CENTRAL,
+    Decision,
+    Holding,
+    repartition_decision,
+    restore_plan,
+    successor_takes_over,
+)
+from orchestrator.redistribution import redistribute_weights
 from webapp.devices.commands import command_build, device_command_send
 from webapp.devices.models import Device
 from webapp.runs import replicas
@@ -143,15 +151,21 @@ def _holds(rd: RunDevice) -> bool:
         rd.stage is not None or rd.stage_state in (S.HALTING, S.HALTED) or bool(rd.holdings))
 
 
-def _lose(run: Run, lost: Sequence[RunDevice], *, reason: str, detected_by: str) -> Run:
+def _lose(run: Run, lost: Sequence[RunDevice], *, reason: str, detected_by: str,
+          cause: str = "failure", decision: dict[str, Any] | None = None) -> Run:
     """With the run locked: mark ``lost`` and (re)start its recovery; every other staged
-    device halts and reports what it holds."""
+    device halts and reports what it holds. A dynamic re-partition is a recovery that lost
+    nobody."""
     recovery = dict(run.recovery or {})
     fresh = run.state != RunState.RECOVERING
     if fresh:
         recovery = {"lost": [], "detected_at": _run_clock(run), "detected_wall": time.time(),
                     "plan": recovery.get("plan"), "since_s": recovery.get("since_s", 0.0),
-                    "restart_s": recovery.get("restart_s")}
+                    "restart_s": recovery.get("restart_s"), "cause": cause,
+                    "decision": decision or {},
+                    "next_check": recovery.get("next_check")}
+    else:
+        recovery["cause"] = "failure"
     for rd in lost:
         rd.stage_state = S.LOST
         rd.save(update_fields=["stage_state"])
@@ -231,7 +245,15 @@ def _replan(run: Run) -> Run:
         algorithm = run.chosen_plan.algorithm if run.chosen_plan else "ftpipehd"
         if algorithm in LEARNED:
             algorithm = "ftpipehd"  # a minute of training has no place in a recovery
-        plan = run_planner(cm, algorithm, schedule=run.schedule, microbatches=run.microbatches)
+        if run.recovery_policy == "respipe":  # the baseline: no re-plan
+            old = parse_plan(recovery["plan"], profile=profile, devices=all_devices,
+                             file="the current plan")
+            plan = successor_takes_over(cm, old, recovery["lost"], schedule=run.schedule,
+                                        microbatches=run.microbatches)
+            algorithm = plan.algorithm
+        else:
+            plan = run_planner(cm, algorithm, schedule=run.schedule,
+                               microbatches=run.microbatches)
         lost = set(recovery["lost"])
         holders = [rd for rd in RunDevice.objects.filter(run=run).select_related("device")
                    if rd.holdings and rd.device.uid not in lost]
@@ -247,18 +269,19 @@ def _replan(run: Run) -> Run:
         return _fail(run, f"recovery {generation}: every micro-batch was already trained")
     predicted = plan.predicted
     document = plan.to_json()
+    cause = recovery.get("cause", "failure")
     Generation.objects.update_or_create(run=run, number=generation, defaults={
-        "cause": Generation.Cause.FAILURE, "lost": recovery["lost"], "planner": algorithm,
+        "cause": cause, "lost": recovery["lost"], "planner": algorithm,
         "plan": document, "resume_microbatch": restore.resume,
         "predicted_throughput_sps": None if predicted is None else predicted.throughput_sps,
         "detected_at": recovery.get("detected_at"), "transfers": restore.to_json()["parts"],
         "bytes_moved": restore.bytes_moved})
     _control_event(run, "repartitioned", detail={
-        "generation": generation, "cause": "failure", "planner": algorithm,
+        "generation": generation, "cause": cause, "planner": algorithm,
         "stages": [{"devices": list(s.devices), "layers": [s.first, s.last]}
                    for s in plan.stages],
         "predicted_throughput_sps": None if predicted is None else predicted.throughput_sps,
-        "resume_microbatch": restore.resume})
+        "resume_microbatch": restore.resume, **recovery.get("decision", {})})
     specs = spec_fields(run=run, document=plan, cm=cm)
     peers = {rd.device.uid: rd.device.data_address for rd in candidates}
     staged = set(specs)
@@ -321,13 +344,102 @@ def recovery_ready(run: Run) -> Run:
     Generation.objects.filter(run=run, number=generation).update(resumed_at=resumed_at)
     run.generation = generation
     run.recovery = {"plan": recovery.get("next_plan"), "since_s": resumed_at,
-                    "restart_s": recovery_s}
+                    "restart_s": recovery_s, "next_check": recovery.get("next_check")}
     running = _transition(run, RunState.RUNNING, action="resume after recovery")
     _control_event(running, "recovered", detail={
         "generation": generation, "recovery_s": round(recovery_s, 4),
         "resume_microbatch": recovery.get("resume", 0),
         "microbatches_redone": recovery.get("redone", 0)})
     return running
+
+
+# --------------------------------------------------------------------------- dynamic re-partition
+
+
+def _checks(run: Run) -> int:
+    """Micro-batches at which the next dynamic re-partition check is due."""
+    return run.repartition_after * run.microbatches
+
+
+def measured_period_s(*, run: Run, since_s: float, last: str) -> float | None:
+    """Seconds per micro-batch through the last stage's device over its recent backwards."""
+    starts = list(TimelineEvent.objects.filter(run=run, device=last, kind="backward",
+                                               start__gte=since_s)
+                  .order_by("-start").values_list("start", flat=True)[:MEASURED_MICROBATCHES])
+    if len(starts) < 10:
+        return None
+    return (starts[0] - starts[-1]) / (len(starts) - 1)
+
+
+def run_repartition_check(*, run_id: int, progress: int) -> Run | None:
+    """FTPipeHD's dynamic re-partition, made to pay: after ``repartition_after`` batches and then
+    every ``repartition_every``, re-estimate the devices from their measured stage times, plan
+    again, and move only if the time saved over the remaining micro-batches exceeds the cost
+    of moving (the weights over the slowest link, the restart, the micro-batches redone).
+    ``progress``: the furthest micro-batch an update was reported for."""
+    with transaction.atomic():
+        run = _locked(Run(pk=run_id))
+        recovery = dict(run.recovery or {})
+        due = recovery.get("next_check") or _checks(run)
+        if (run.state != RunState.RUNNING or not run.repartition_every or progress < due
+                or not recovery.get("plan")):
+            return None
+        recovery["next_check"] = progress + run.repartition_every * run.microbatches
+        run.recovery = recovery
+        run.save(update_fields=["recovery"])
+        decision = _repartition_decision(run, progress)
+        if decision is None:
+            return run
+        detail = {"saved_s": round(decision.saved_s, 4), "cost_s": round(decision.cost_s, 4)}
+        if not decision.move:
+            _control_event(run, "repartition_skipped", detail={
+                **detail, **run.recovery.get("estimate", {})})
+            return run
+        return _lose(run, [], reason="", detected_by="", cause="dynamic", decision=detail)
+
+
+def _repartition_decision(run: Run, progress: int) -> Decision | None:
+    recovery = run.recovery
+    try:
+        profile, all_devices = run_planning_inputs(run=run)
+        current = parse_plan(recovery["plan"], profile=profile, devices=all_devices,
+                             file="the current plan")
+        measured = measured_period_s(run=run, since_s=float(recovery.get("since_s", 0.0)),
+                                     last=current.stages[-1].devices[0])
+        if measured is None:
+            return None
+        estimated = _planning_devices(run, profile, all_devices)
+        candidates = [rd.device.uid for rd in _candidates(run)]
+        devices = _subset(estimated, candidates)
+        cm = build_cost_model(profile, devices)
+        algorithm = run.chosen_plan.algorithm if run.chosen_plan else "ftpipehd"
+        plan = run_planner(cm, "ftpipehd" if algorithm in LEARNED else algorithm,
+                           schedule=run.schedule, microbatches=run.microbatches)
+    except (PlanningError, FormatError, ValueError, KeyError) as exc:
+        log.warning("run %s: no dynamic re-partition: %s", run.pk, exc)
+        return None
+    predicted = plan.predicted
+    if predicted is None:
+        return None
+    same = [(s.layers, s.devices) for s in plan.stages] == [
+        (s.layers, s.devices) for s in current.stages]
+    total = run.microbatches * run.batches * run.epochs
+    moved = 0 if same else redistribute_weights(
+        old=current, new=plan, failed=(), profile=profile).bytes_moved
+    bandwidth = min(d.bandwidth_bps for d in devices.devices)
+    decision = repartition_decision(
+        measured_period_s=measured, new_period_s=predicted.period_s,
+        remaining_microbatches=max(0, total - progress),
+        bytes_to_move=moved, bandwidth_bps=bandwidth,
+        restart_s=float(recovery.get("restart_s") or 1.0),
+        redo_microbatches=len(current.stages))
+    run.recovery = {**recovery, "estimate": {
+        "measured_throughput_sps": round(run.model_spec.batch_size / measured, 2),
+        "predicted_throughput_sps": round(predicted.throughput_sps, 2)}}
+    run.save(update_fields=["recovery"])
+    if same:
+        return Decision(saved_s=0.0, cost_s=decision.cost_s)
+    return decision
 
 
 # --------------------------------------------------------------------------- probing

@@ -30,6 +30,8 @@ class RunOutput(serializers.Serializer):
         help_text="batches before the first dynamic re-partition check")
     repartition_every = serializers.IntegerField(
         help_text="batches between dynamic re-partition checks; 0 = off")
+    recovery_policy = serializers.CharField(
+        help_text="replan (re-plan the survivors) or respipe (the successor takes over)")
     generation = serializers.IntegerField(
         help_text="the current deployment: 0 at start, +1 at each recovery or re-partition")
     state = serializers.CharField()

@@ -65,7 +65,7 @@ def run_create(*, name: str, model_spec: ModelSpec, devices: Sequence[Device],
                algorithms: Sequence[str], schedule: str = "1f1b", microbatches: int = 8,
                batches: int = 100, epochs: int = 1, chain_every: int = 2,
                global_every: int = 10, repartition_after: int = 10,
-               repartition_every: int = 100,
+               repartition_every: int = 100, recovery_policy: str = "replan",
                created_by: AbstractBaseUser | None = None) -> Run:
     """A draft run of ``model_spec`` on ``devices`` (in pipeline order). ``chain_every``,
     ``global_every`` (replication) and ``repartition_every`` count batches, 0 turning each
@@ -87,10 +87,13 @@ def run_create(*, name: str, model_spec: ModelSpec, devices: Sequence[Device],
         least = 1 if field == "repartition_after" else 0
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise InvalidInput(field, f"must be an integer of at least {least} (batches)")
+    if recovery_policy not in ("replan", "respipe"):
+        raise InvalidInput("recovery_policy", "must be replan or respipe")
     run = Run.objects.create(name=name, model_spec=model_spec,
                              algorithms=_check_algorithms(algorithms), schedule=schedule,
                              microbatches=microbatches, batches=batches, epochs=epochs,
-                             created_by=created_by, **fault_settings)
+                             created_by=created_by, recovery_policy=recovery_policy,
+                             **fault_settings)
     RunDevice.objects.bulk_create(RunDevice(run=run, device=d, position=k)
                                   for k, d in enumerate(devices))
     events.run_event_send(run.pk, events.event_run(run))

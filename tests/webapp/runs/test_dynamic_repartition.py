@@ -1,0 +1,103 @@
+"""The dynamic re-partition: a device measured slower than its profile moves the cuts when the
+time saved pays for the move, and is only reported (with the break-even) when it does not."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.events import TimelineEvent as TimelineRecord
+from tests.webapp.factories import DeviceFactory, LayerProfileFactory, ModelSpecFactory, RunFactory
+from webapp.devices.models import Device
+from webapp.runs import recovery, services
+from webapp.runs.models import FaultEvent, Run, RunDevice
+
+pytestmark = pytest.mark.django_db(transaction=True)  # planning runs on commit
+
+MICROBATCHES = 4
+
+
+def running_run(*, batches: int = 500) -> Run:
+    """A run of three devices (profiled 1x, 2x and 3x the reference times) started with the
+    ftpipehd plan; every agent acked its stage."""
+    spec = ModelSpecFactory()
+    devices = [DeviceFactory(status=Device.Status.ONLINE) for _ in range(3)]
+    for k, device in enumerate(devices):
+        device.control_channel = f"channel-{k}"
+        device.save()
+        LayerProfileFactory(device=device, model_spec=spec, scale=1.0 + k)
+    run = RunFactory(model_spec=spec, devices=devices, algorithms=["ftpipehd"],
+                     microbatches=MICROBATCHES, batches=batches)
+    services.run_plan(run=run)
+    run.refresh_from_db()
+    services.run_start(run=run)
+    for device in devices:
+        services.run_stage_ready(run=run, device=device)
+    run.refresh_from_db()
+    assert run.state == Run.State.RUNNING and run.recovery["plan"]
+    return run
+
+
+def train(run: Run, *, slower: dict[int, float], microbatches: int = 64) -> None:
+    """Store timeline events as if each stage ran at its profiled speed, the stages named in
+    ``slower`` that many times slower."""
+    stages = run.recovery["plan"]["stages"]
+    # the profile: layer i takes 0.03 (i + 1) s forward and backward on the reference, device k
+    # (1 + k) times that
+    times = []
+    for k, stage in enumerate(stages):
+        device = stage["devices"][0]
+        position = RunDevice.objects.get(run=run, device__uid=device).position
+        a, e = stage["layers"]
+        work = sum(0.03 * (i + 1) for i in range(a, e + 1)) * (1 + position)
+        times.append((device, k, work * slower.get(k, 1.0)))
+    period = max(t for _, _, t in times)
+    records = []
+    for m in range(microbatches):
+        for device, k, work in times:
+            start = m * period
+            records += [
+                TimelineRecord(run.pk, device, k, "forward", m, m, start, start + work / 3),
+                TimelineRecord(run.pk, device, k, "backward", m, m, start + work / 3,
+                               start + work),
+                TimelineRecord(run.pk, device, k, "update", m, m, start + work,
+                               start + work + 1e-4)]
+    services.timeline_events_store(run=run, records=records)
+
+
+def test_a_slowed_down_device_makes_the_cuts_move_when_it_pays() -> None:
+    run = running_run()
+    train(run, slower={1: 20.0})
+    moved = recovery.run_repartition_check(run_id=run.pk, progress=64)
+    assert moved is not None and moved.state == Run.State.RECOVERING
+    assert moved.recovery["cause"] == "dynamic" and moved.recovery["lost"] == []
+    decision = moved.recovery["decision"]
+    assert decision["saved_s"] > decision["cost_s"] > 0
+    started = FaultEvent.objects.get(run=run, kind="recovery_started")
+    assert started.detail == {"generation": 1, "lost": []}
+    # every device halts for the move (and reports what it holds)
+    assert set(RunDevice.objects.filter(run=run).values_list("stage_state", flat=True)) == {
+        "halting"}
+
+
+def test_a_move_that_does_not_pay_is_only_reported_with_its_break_even() -> None:
+    run = running_run(batches=17)  # 68 micro-batches: 4 left after the check
+    train(run, slower={1: 20.0})
+    assert recovery.run_repartition_check(run_id=run.pk, progress=64) is not None
+    run.refresh_from_db()
+    assert run.state == Run.State.RUNNING
+    skipped = FaultEvent.objects.get(run=run, kind="repartition_skipped")
+    assert skipped.detail["saved_s"] < skipped.detail["cost_s"]
+    assert skipped.detail["measured_throughput_sps"] < skipped.detail["predicted_throughput_sps"]
+
+
+def test_devices_as_fast_as_profiled_keep_their_plan_and_the_next_check_waits() -> None:
+    run = running_run()
+    assert recovery.run_repartition_check(run_id=run.pk, progress=10) is None  # not due yet
+    train(run, slower={})
+    assert recovery.run_repartition_check(run_id=run.pk, progress=64) is not None
+    run.refresh_from_db()
+    assert run.state == Run.State.RUNNING
+    assert FaultEvent.objects.get(run=run, kind="repartition_skipped").detail["saved_s"] == 0
+    # the next check comes repartition_every batches later
+    assert run.recovery["next_check"] == 64 + run.repartition_every * MICROBATCHES
+    assert recovery.run_repartition_check(run_id=run.pk, progress=100) is None
