@@ -3,6 +3,7 @@ pipeline resumed at a checkpoint trains exactly as if it had never stopped."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ from agent.weights import (
     to_bytes,
 )
 from agent.zoo import build_model
+from orchestrator.events import TimelineEvent
 
 DIGITS = load_dataset("digits")
 
@@ -155,3 +157,49 @@ def test_a_resume_point_off_a_batch_boundary_is_refused_under_gpipe() -> None:
                   batch_size=32, schedule="gpipe", stage_devices=(("d0",),),
                   stage_times_s=((1.0,),), microbatches=16, flush_every=4,
                   first_microbatch=6).check()
+
+
+def test_stage_0_s_backward_timer_suspects_a_device_that_stops_answering() -> None:
+    net = mlp()
+    devices = ("d0", "d1")
+    planes = {d: DataPlane(bind="tcp://127.0.0.1:0") for d in devices}
+    planes["d0"].connect("d1", planes["d1"].address)
+    planes["d1"].connect("d0", planes["d0"].address)
+    stops = {d: threading.Event() for d in devices}
+    suspects: list[tuple[int, float]] = []
+    clock = Clock(started_at=time.time())
+
+    def suspect(microbatch: int, waited: float) -> None:
+        suspects.append((microbatch, waited))
+        stops["d0"].set()
+
+    backwards = [0]
+
+    def count(event: TimelineEvent) -> None:
+        if event.device == "d1" and event.kind == "backward":
+            backwards[0] += 1
+            if backwards[0] == 30:
+                stops["d1"].set()  # the second stage's device goes silent
+
+    def run(k: int) -> None:
+        layers = [(0, 1), (2, 3)][k]
+        spec = StageSpec(run=1, device=devices[k], stage=k, layers=layers, model="mlp",
+                         dataset="digits", batch_size=32, schedule="1f1b",
+                         stage_devices=(("d0",), ("d1",)), stage_times_s=((1.0,), (1.0,)),
+                         microbatches=1_000, receive_timeout_s=30, suspect_min_s=0.2)
+        executor = StageExecutor(spec, module=net.stage(*layers), plane=planes[devices[k]],
+                                 clock=clock, dataset=DIGITS if k == 0 else None,
+                                 stop=stops[devices[k]], on_suspect=suspect, on_event=count)
+        with contextlib.suppress(StageError):  # stopped while it waited
+            executor.run()
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    for plane in planes.values():
+        plane.close()
+    assert len(suspects) == 1
+    microbatch, waited = suspects[0]
+    assert 25 < microbatch <= 31 and waited >= 0.2

@@ -160,7 +160,8 @@ def run_new(request: HttpRequest) -> HttpResponse:
 @login_required
 def run(request: HttpRequest, run_id: int) -> HttpResponse:
     found = get_object_or_404(run_list().select_related("model_spec"), pk=run_id)
-    rows = [{"device": d.uid, "label": d.name} for d in run_devices(run=found)]
+    rows = [{"device": d.uid, "label": d.name, "id": d.pk, "status": d.status}
+            for d in run_devices(run=found)]
     config = {
         "run": found.pk, "ws_path": f"/ws/runs/{found.pk}/", "window_s": WINDOW_S,
         "embedded": _embedded(), "rows": rows,
@@ -173,6 +174,7 @@ def run(request: HttpRequest, run_id: int) -> HttpResponse:
             "plan_timeline": reverse("dashboard-api:plan-timeline", args=[found.pk, 0])
             .replace("/0/timeline/", "/{plan}/timeline/"),
             "ghost": reverse("dashboard-api:run-planned", args=[found.pk]),
+            "stop_agent": reverse("device-stop-agent", args=[0]).replace("/0/", "/{id}/"),
         },
     }
     return render(request, "dashboard/run.html", {

@@ -17,6 +17,7 @@ class Child:
     command: list[str]
     log_path: Path
     process: subprocess.Popen[bytes] | None = None
+    killed: bool = False  # on purpose (ProcessGroup.kill): its exit is expected
 
 
 @dataclass
@@ -35,13 +36,17 @@ class ProcessGroup:
         return child
 
     def exited(self) -> Child | None:
-        """A child that stopped on its own, if any."""
+        """A child that stopped on its own (not one killed on purpose), if any."""
         return next((c for c in self.children.values()
-                     if c.process is not None and c.process.poll() is not None), None)
+                     if not c.killed and c.process is not None
+                     and c.process.poll() is not None), None)
 
     def kill(self, name: str) -> None:
-        """Kill a child at once (SIGKILL), as a device that loses power."""
+        """Kill a child at once (SIGKILL, its whole process group), as a device that loses
+        power; it is marked killed first, so that its exit is expected (``exited`` skips
+        it)."""
         child = self.children[name]
+        child.killed = True
         if child.process is not None and child.process.poll() is None:
             os.killpg(child.process.pid, signal.SIGKILL)
             child.process.wait()

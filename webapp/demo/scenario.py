@@ -17,6 +17,7 @@ import json
 import secrets
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -86,6 +87,7 @@ class LocalTestbed:
         self.username = "admin"
         self.password = ""
         self.devices: list[dict[str, Any]] = []
+        self.timers: list[threading.Timer] = []
 
     def __enter__(self) -> LocalTestbed:
         call_command("migrate", interactive=False, verbosity=0)
@@ -103,6 +105,8 @@ class LocalTestbed:
 
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
                  traceback: TracebackType | None) -> None:
+        for timer in self.timers:
+            timer.cancel()
         self.processes.stop_all()
 
     # ---- processes
@@ -238,6 +242,48 @@ class LocalTestbed:
             raise DemoError(f"run {run_id} did not start: {started['error']}")
         return started
 
+    def agent_of_stage(self, run_id: int, plan_id: int, stage: int | None = None) -> DemoAgent:
+        """The agent whose device holds ``stage`` of the run's plan (default: the middle stage,
+        the first device of stage len // 2)."""
+        plans = self.api.get(f"/api/runs/{run_id}/plans/")
+        document = next((p["document"] for p in plans if p["id"] == plan_id), None)
+        if not document or not document.get("stages"):
+            raise DemoError(f"plan {plan_id} of run {run_id} has no stages")
+        stages = document["stages"]
+        uid = stages[len(stages) // 2 if stage is None else stage]["devices"][0]
+        by_uid = {d["uid"]: a for d, a in zip(self.devices, self.agents, strict=True)}
+        if uid not in by_uid:
+            raise DemoError(f"device {uid} of plan {plan_id} is not one of this testbed's")
+        return by_uid[uid]
+
+    def agent_named(self, name: str) -> DemoAgent:
+        found = next((a for a in self.agents if a.name == name), None)
+        if found is None:
+            raise DemoError(f"no agent named {name!r}; the agents: "
+                            f"{', '.join(a.name for a in self.agents)}")
+        return found
+
+    def kill_agent_at(self, run_id: int, agents: Sequence[DemoAgent], at_s: float
+                      ) -> threading.Timer:
+        """Kill the ``agents``' processes with SIGKILL (devices that lose power) ``at_s``
+        seconds into the run (its clock starts at the run's ``started_at``), all at once, on a
+        timer thread. Their exit is expected: check_children does not fail the demo for it."""
+        run = self.api.get(f"/api/runs/{run_id}/")
+        started = parse_datetime(run["started_at"]) if run.get("started_at") else None
+        elapsed = (timezone.now() - started).total_seconds() if started else 0.0
+
+        def kill() -> None:
+            self.say(f"killing {', '.join(a.name for a in agents)} (SIGKILL) {at_s:g} s into "
+                     f"run {run_id}")
+            for agent in agents:
+                self.processes.kill(self.agent_process(agent))
+
+        timer = threading.Timer(max(0.0, at_s - elapsed), kill)
+        timer.daemon = True
+        timer.start()
+        self.timers.append(timer)
+        return timer
+
     def finish(self, run_id: int, *, timeout_s: float = 900.0) -> dict[str, Any]:
         """Wait for the run to end; its summary (runs.selectors.run_summary)."""
         final = self.wait_state(run_id, FINAL_STATES, timeout_s)
@@ -282,6 +328,8 @@ class DemoOptions:
     agents: tuple[DemoAgent, ...] = DEFAULT_AGENTS
     headless: bool = False
     run_timeout_s: float = 900.0
+    kill_agent_at: float | None = None  # seconds into the run: SIGKILL agents (a fault)
+    kill_agents: tuple[str, ...] = ()  # which (default: the device of the plan's middle stage)
 
 
 def run_demo(options: DemoOptions, *, say: Callable[[str], None] = print
@@ -289,6 +337,12 @@ def run_demo(options: DemoOptions, *, say: Callable[[str], None] = print
     """The demo: the testbed, a model profiled on it, every planner's plan compared, one plan
     trained. Headless, it returns the run's summary; otherwise it runs until interrupted."""
     o = options
+    for name in o.kill_agents:
+        if name not in {a.name for a in o.agents}:
+            raise DemoError(f"--kill-agent: no agent named {name!r}; the agents: "
+                            f"{', '.join(a.name for a in o.agents)}")
+    if o.kill_agents and o.kill_agent_at is None:
+        raise DemoError("--kill-agent: say when with --kill-agent-at SECONDS")
     with LocalTestbed(agents=o.agents, host=o.host, port=o.port, say=say) as testbed:
         say(f"EdgePipe demo on {testbed.url}/ (log in as {testbed.username} / "
             f"{testbed.password})")
@@ -307,6 +361,12 @@ def run_demo(options: DemoOptions, *, say: Callable[[str], None] = print
             f"{row['throughput_sps']:.4g} samples/s)")
         testbed.start(compared["run"], row["plan"])
         say(f"training: open {testbed.url}/runs/{compared['run']}/ to watch it live")
+        if o.kill_agent_at is not None:
+            victims = ([testbed.agent_named(name) for name in o.kill_agents] if o.kill_agents
+                       else [testbed.agent_of_stage(compared["run"], row["plan"])])
+            say(f"fault injection: {', '.join(v.name for v in victims)} will be killed "
+                f"{o.kill_agent_at:g} s into the run")
+            testbed.kill_agent_at(compared["run"], victims, o.kill_agent_at)
         if o.headless:
             return testbed.finish(compared["run"], timeout_s=o.run_timeout_s)
         say("Ctrl-C stops the demo")

@@ -155,6 +155,42 @@ class DeviceProfileRequestApi(APIView):
                          "model_spec": data["model_spec"].pk}, status=status.HTTP_202_ACCEPTED)
 
 
+class DeviceStopAgentApi(APIView):
+    class StopAgentOutput(serializers.Serializer):
+        command = serializers.CharField(help_text="the id of the command sent")
+        device = serializers.CharField(help_text="the device's uid")
+        sent = serializers.CharField(help_text='the command: "exit"')
+
+    @extend_schema(request=None, responses={202: StopAgentOutput},
+                   description="Fault injection: the device's agent exits at once, as if "
+                               "killed. 409 when no agent is connected.")
+    def post(self, request: Request, device_id: int) -> Response:
+        device = get_or_404(selectors.device_list(), device_id, what="device")
+        command = services.device_agent_stop(device=device)
+        return Response(self.StopAgentOutput({"command": command["id"], "device": device.uid,
+                                              "sent": command["command"]}).data,
+                        status=status.HTTP_202_ACCEPTED)
+
+
+class DeviceEmulateApi(APIView):
+    class EmulateInput(serializers.Serializer):
+        slowdown = serializers.FloatField(min_value=1.0, max_value=1000.0,
+                                          help_text="compute this many times slower than now "
+                                                    "(1: the machine's own speed)")
+
+    @extend_schema(request=EmulateInput, responses={202: DeviceStopAgentApi.StopAgentOutput},
+                   description="Emulation: the device's agent computes `slowdown` times slower "
+                               "from now on (as `--slowdown` does at start). 409 when no agent "
+                               "is connected.")
+    def post(self, request: Request, device_id: int) -> Response:
+        device = get_or_404(selectors.device_list(), device_id, what="device")
+        data = validated(self.EmulateInput, request)
+        command = services.device_emulate(device=device, slowdown=data["slowdown"])
+        return Response(DeviceStopAgentApi.StopAgentOutput(
+            {"command": command["id"], "device": device.uid, "sent": command["command"]}).data,
+            status=status.HTTP_202_ACCEPTED)
+
+
 class LinkOutput(serializers.Serializer):
     source = serializers.CharField(source="source.uid")
     target = serializers.CharField(source="target.uid")

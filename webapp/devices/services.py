@@ -196,6 +196,19 @@ def device_agent_stop(*, device: Device) -> dict[str, Any]:
     return command
 
 
+def device_emulate(*, device: Device, slowdown: float) -> dict[str, Any]:
+    """Tell the device's agent to emulate a device ``slowdown`` times slower from now on (a
+    device heating up, for tests and demos of the dynamic re-partition). Returns the command
+    sent; Conflict when no agent is connected."""
+    if not device.control_channel or device.status in (Device.Status.OFFLINE,
+                                                        Device.Status.RETIRED):
+        raise Conflict(f"device {device.name!r} ({device.uid}) has no agent connected",
+                       state=device.status, action="change its emulated slowdown")
+    command = command_build("emulate", slowdown=float(slowdown))
+    device_command_send(uid=device.uid, command=command)
+    return command
+
+
 def device_links_measure(*, devices: Sequence[Device]) -> list[str]:
     """Ask every connected device among ``devices`` to measure its links to the others over the
     data plane; returns the uids asked. The measurements arrive as DeviceLink rows."""

@@ -91,6 +91,7 @@ def _hello(device: Device, message: Message) -> Reply:
         device.hardware = hardware
         fields.append("hardware")
     device.save(update_fields=fields)
+    recovery.run_device_back(device=device)
     return {"type": "welcome", "device": device.uid, "name": device.name}
 
 

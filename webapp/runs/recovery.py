@@ -197,6 +197,20 @@ def _lose(run: Run, lost: Sequence[RunDevice], *, reason: str, detected_by: str,
     return run
 
 
+def run_device_back(*, device: Device) -> None:
+    """A device lost from an active run has connected again: say so on the run's timeline; it
+    holds nothing now, and the next re-partition (dynamic, or another recovery) may use it."""
+    for rd in (RunDevice.objects.filter(device=device, stage_state=S.LOST,
+                                        run__state__in=(RunState.RUNNING, RunState.RECOVERING))
+               .select_related("run")):
+        with transaction.atomic():
+            run = _locked(rd.run)
+            if device.uid in (run.recovery or {}).get("lost", []):
+                continue  # lost in the recovery under way: it rejoins at the next one
+            RunDevice.objects.filter(pk=rd.pk).update(stage_state=S.IDLE, stage=None)
+            _control_event(run, "device_joined", device=device.uid)
+
+
 # --------------------------------------------------------------------------- halted, re-plan
 
 

@@ -39,6 +39,14 @@ class Command(BaseCommand):
                                  "fills)")
         parser.add_argument("--headless", action="store_true",
                             help="run to the end without a browser; print a JSON summary")
+        parser.add_argument("--kill-agent-at", type=_positive_seconds, default=None,
+                            metavar="SECONDS",
+                            help="fault injection: SECONDS after the run starts, kill an "
+                                 "agent's process with SIGKILL (the run recovers without it)")
+        parser.add_argument("--kill-agent", default="", metavar="NAME[,NAME...]",
+                            help="the agent --kill-agent-at kills, or several (comma-separated, "
+                                 "killed at once) (default: the device of the middle stage of "
+                                 "the chosen plan)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -51,7 +59,9 @@ class Command(BaseCommand):
             microbatches=options["microbatches"], batches=options["batches"],
             schedule=options["schedule"],
             algorithms=tuple(a.strip() for a in options["algorithms"].split(",") if a.strip()),
-            plan=options["plan"], headless=options["headless"])
+            plan=options["plan"], headless=options["headless"],
+            kill_agent_at=options["kill_agent_at"],
+            kill_agents=tuple(a.strip() for a in options["kill_agent"].split(",") if a.strip()))
         try:
             summary = run_demo(demo_options, say=lambda line: self.stdout.write(line))
         except DemoError as exc:
@@ -61,6 +71,16 @@ class Command(BaseCommand):
             return
         if summary is not None:
             self.stdout.write(json.dumps(summary))
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
+    return value
 
 
 def _interrupt(signum: int, frame: Any) -> None:

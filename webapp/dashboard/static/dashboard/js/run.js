@@ -78,6 +78,8 @@
     if (what.has("idle")) renderIdle();
     if (what.has("metrics")) renderMetrics();
     if (what.has("faults")) renderFaults();
+    // an unfinished recovery's bar grows with the run's clock
+    if (what.has("faults") || (what.has("timeline") && recoveryUnderWay)) renderRecoveries();
   }, RENDER_EVERY_MS);
 
   /* ---------------------------------------------------------------- run state and controls */
@@ -373,16 +375,29 @@
       height: px * cfg.rows.length + 90, xrange: range, uirevision: "live",
     });
     const marks = snap.faults.filter(function (f) { return f.at >= range[0] && f.at <= range[1]; });
+    const labelled = marks.filter(function (f) { return f.kind in MARK_LABELS; });
+    layout.annotations = [];
     for (const f of marks) {
+      const style = markStyle(f.kind);
       layout.shapes.push({ type: "line", x0: f.at, x1: f.at, yref: "paper", y0: 0, y1: 1,
-                           line: { color: "#dc2626", width: 1.5, dash: "dot" } });
+                           line: { color: style.color, width: 1.5, dash: style.dash } });
+    }
+    if (labelled.length <= MAX_MARK_LABELS) {
+      for (const f of labelled) {
+        layout.annotations.push({
+          x: f.at, xref: "x", y: 1, yref: "paper", yanchor: "top", xanchor: "left", xshift: 1,
+          textangle: -90, showarrow: false, text: EP.esc(markLabel(f)),
+          font: { size: 10, color: markStyle(f.kind).color }, bgcolor: "rgba(255,255,255,0.8)",
+        });
+      }
     }
     if (marks.length) {
       traces.push({
         type: "scatter", mode: "markers", name: "fault / control event",
         x: marks.map(function (f) { return f.at; }),
         y: marks.map(function () { return -0.55; }),
-        marker: { symbol: "triangle-down", size: 12, color: "#dc2626" },
+        marker: { symbol: "triangle-down", size: 12,
+                  color: marks.map(function (f) { return markStyle(f.kind).color; }) },
         text: marks.map(function (f) {
           return "<b>" + f.kind + "</b>" + (f.device ? " · " + (labels[f.device] || f.device) : "") +
             "<br>at " + f.at.toFixed(3) + " s" + (f.detail && Object.keys(f.detail).length
@@ -395,6 +410,30 @@
       : snap.run.chosen_plan ? "faint bars: the chosen plan, as simulated from the first measured event"
         : "";
     Plotly.react(chart, traces, layout, EP.plotConfig).then(bindGanttZoom);
+  }
+
+  /* the Gantt's fault marks: a dashed line at each loss (red), re-partition (purple) and
+     resumption (green), labelled; a dotted grey one at other control events */
+  const MARK_STYLES = {
+    device_lost: { color: "#dc2626", dash: "dash" },
+    recovery_started: { color: "#f97316", dash: "dot" },
+    repartitioned: { color: "#7c3aed", dash: "dash" },
+    repartition_skipped: { color: "#94a3b8", dash: "dot" },
+    weights_redistributed: { color: "#0d9488", dash: "dot" },
+    recovered: { color: "#16a34a", dash: "dash" },
+    run_failed: { color: "#dc2626", dash: "dot" },
+  };
+  const MARK_LABELS = { device_lost: "lost", repartitioned: "re-planned", recovered: "resumed" };
+  const MAX_MARK_LABELS = 40;
+
+  function markStyle(kind) { return MARK_STYLES[kind] || { color: "#64748b", dash: "dot" }; }
+
+  function markLabel(f) {
+    const d = f.detail || {};
+    if (f.kind === "device_lost") return "lost " + (labels[f.device] || f.device || "a device");
+    const generation = d.generation === undefined ? "" : " · gen " + d.generation;
+    if (f.kind === "repartitioned") return "re-planned" + (d.cause === "dynamic" ? " (dynamic)" : "") + generation;
+    return MARK_LABELS[f.kind] + generation;
   }
 
   let zoomBound = false;
@@ -535,4 +574,238 @@
         h("td", { class: "mono small" }, detail)));
     }
   }
+  /* ---------------------------------------------------------------- recoveries */
+
+  const PHASES = [
+    { key: "replanning_s", from: "detected_s", to: "replanned_s", label: "lost (or decided) → re-planned", color: "#dc2626" },
+    { key: "redistributing_s", from: "replanned_s", to: "weights_moved_s", label: "re-planned → weights moved", color: "#7c3aed" },
+    { key: "resuming_s", from: "weights_moved_s", to: "resumed_s", label: "weights moved → resumed", color: "#16a34a" },
+  ];
+
+  /* where a phase starts: the first from the loss, or for a dynamic re-partition from its
+     decision (as fault_recoveries measures replanning_s) */
+  function phaseStart(r, phase) {
+    if (phase.key === "replanning_s" && r.detected_s === null) return r.started_s;
+    return r[phase.from];
+  }
+
+  function faint(hex) {
+    const n = parseInt(hex.slice(1), 16);
+    return "rgba(" + (n >> 16) + "," + ((n >> 8) & 255) + "," + (n & 255) + ",0.35)";
+  }
+
+  function newestTime() {
+    let hi = 0;
+    for (const e of snap.timeline) if (e.end > hi) hi = e.end;
+    for (const f of snap.faults) if (f.at > hi) hi = f.at;
+    return hi;
+  }
+
+  function deviceNames(uids) {
+    return uids.map(function (u) { return labels[u] || u; }).join(", ");
+  }
+
+  function recoveryLabel(r, i) {
+    const head = r.generation === null ? "#" + (i + 1) : "gen " + r.generation;
+    return head + " · " + (r.cause === "failure" ? "lost " + (deviceNames(r.lost) || "?") : "dynamic");
+  }
+
+  function atText(t, since) {
+    if (t === null) return "–";
+    return t.toFixed(3) + " s" + (since === null || since === undefined ? "" : " (+" + fmt.seconds(since) + ")");
+  }
+
+  function breakEven(r) {
+    if (r.saved_s === null && r.cost_s === null) return null;
+    const saved = r.saved_s === null ? "?" : fmt.seconds(r.saved_s);
+    const cost = r.cost_s === null ? "?" : fmt.seconds(r.cost_s);
+    const worth = r.saved_s !== null && r.cost_s !== null ? (r.saved_s > r.cost_s ? " > " : " ≤ ") : " vs ";
+    return h("span", { class: r.moved ? "break-even moved" : "break-even skipped" },
+      "saves " + saved + worth + "costs " + cost + ": " + (r.moved ? "moved" : "skipped"));
+  }
+
+  function newPlan(r) {
+    if (r.phase === "skipped") {
+      if (r.predicted_throughput_sps === null) return null;
+      return "a new plan predicted " + fmt.num(r.predicted_throughput_sps) + " samples/s" +
+        (r.measured_throughput_sps === null ? "" : " against " + fmt.num(r.measured_throughput_sps) + " measured");
+    }
+    if (!r.stages && !r.planner && r.predicted_throughput_sps === null) return null;
+    const parts = [];
+    if (r.planner) parts.push(r.planner);
+    if (r.stages) {
+      parts.push(r.stages.map(function (st) {
+        return deviceNames(st.devices || []) + (st.layers ? " [" + st.layers.join("–") + "]" : "");
+      }).join(" → "));
+    }
+    if (r.predicted_throughput_sps !== null) parts.push(fmt.num(r.predicted_throughput_sps) + " samples/s predicted");
+    return parts.join(" · ");
+  }
+
+  function phaseBadge(r) {
+    const text = { detected: "detected", started: "halting", replanned: "re-planned", weights_moved: "weights moved",
+                   resumed: "resumed", failed: "failed", skipped: "skipped" }[r.phase];
+    const cls = r.phase === "resumed" ? "done" : r.phase === "failed" ? "failed" : r.phase === "skipped" ? "draft" : "running";
+    return h("span", { class: "badge badge-" + cls, title: r.error || "" }, text);
+  }
+
+  let recoveryUnderWay = false;
+  const MAX_CHECK_ROWS = 5;
+
+  function renderRecoveries() {
+    const list = EP.faults.recoveries(snap.faults);
+    EP.runPage.recoveries = list;
+    recoveryUnderWay = list.some(function (r) {
+      return ["detected", "started", "replanned", "weights_moved"].indexOf(r.phase) >= 0;
+    });
+    $("recoveries-empty").hidden = list.length > 0;
+    $("recoveries-body").hidden = list.length === 0;
+    renderLostDevices(list);
+    if (!list.length) return;
+    const failures = list.filter(function (r) { return r.cause === "failure"; }).length;
+    const moved = list.filter(function (r) { return r.cause === "dynamic" && r.moved; }).length;
+    const skipped = list.length - failures - moved;
+    $("recoveries-hint").textContent = failures + (failures === 1 ? " recovery" : " recoveries") + " · " +
+      moved + " dynamic re-partition" + (moved === 1 ? "" : "s") + " · " + skipped + " skipped";
+    const table = $("recoveries-table");
+    for (const old of Array.from(table.tBodies)) old.remove();
+    // every recovery and re-partition; of the checks that kept the plan (one every
+    // repartition_every batches), the newest few (the chart shows them all)
+    const checks = list.filter(function (r) { return !r.moved; });
+    const shown = new Set(checks.slice(-MAX_CHECK_ROWS));
+    if (checks.length > shown.size) {
+      const hidden = checks.length - shown.size;
+      table.append(h("tbody", { class: "more" }, h("tr", null, h("td", { colspan: 9, class: "small muted" },
+        hidden + " earlier check" + (hidden === 1 ? "" : "s") + " kept the plan (each on the chart above)"))));
+    }
+    list.forEach(function (r, i) {
+      if (!r.moved && !shown.has(r)) return;
+      const moved = r.bytes_moved === null ? null : fmt.bytes(r.bytes_moved) +
+        (r.transfers === null ? "" : " in " + r.transfers + " transfer" + (r.transfers === 1 ? "" : "s"));
+      const plan = newPlan(r);
+      const worth = breakEven(r);
+      // one tbody per recovery: its phases, then what it moved to (and why, for a dynamic one)
+      table.append(h("tbody", { "data-recovery": i, "data-phase": r.phase, "data-cause": r.cause },
+        h("tr", null,
+          h("td", { class: "nowrap" }, r.generation === null ? "–" : "gen " + r.generation, " ", phaseBadge(r),
+            h("div", { class: "muted small" }, r.cause === "failure" ? "lost device" : r.moved ? "dynamic re-partition" : "dynamic check")),
+          h("td", null, r.losses.length ? r.losses.map(function (x) {
+            return (labels[x.device] || x.device) + (x.detected_by ? " (" + x.detected_by + ")" : "");
+          }).join(", ") : "–"),
+          h("td", { class: "num" }, atText(r.detected_s)),
+          h("td", { class: "num" }, r.phase === "skipped" ? atText(r.replanned_s) + " (kept)" : atText(r.replanned_s, r.replanning_s)),
+          h("td", { class: "num" }, atText(r.weights_moved_s, r.redistributing_s),
+            moved ? h("div", { class: "muted small" }, moved) : null),
+          h("td", { class: "num" }, atText(r.resumed_s, r.resuming_s)),
+          h("td", { class: "num" }, fmt.seconds(r.recovery_s)),
+          h("td", { class: "num" }, r.resume_microbatch === null ? "–" : "micro-batch " + r.resume_microbatch),
+          h("td", { class: "num" }, r.microbatches_redone === null ? "–" : String(r.microbatches_redone))),
+        plan || worth || r.error ? h("tr", { class: "sub" }, h("td", { colspan: 9, class: "small" },
+          plan ? h("span", null, h("span", { class: "muted" }, r.phase === "skipped" ? "checked: " : "new plan: "), plan) : null,
+          plan && worth ? h("span", { class: "muted" }, " · ") : null,
+          worth ? h("span", null, h("span", { class: "muted" }, "break-even: "), worth) : null,
+          r.error ? h("div", { class: "field-error" }, r.error) : null)) : null));
+    });
+    renderRecoveryChart(list);
+  }
+
+  /* one row per recovery or dynamic re-partition, its phases as stacked bars on the run's
+     clock (an unfinished phase drawn faint up to now); the skipped checks as points on one
+     row, each with its break-even */
+  function renderRecoveryChart(list) {
+    const rows = [];
+    const moves = list.filter(function (r) { return r.moved; });
+    moves.forEach(function (r) { rows.push(recoveryLabel(r, list.indexOf(r))); });
+    const now = newestTime();
+    const traces = PHASES.map(function (phase) {
+      const trace = { type: "bar", orientation: "h", name: phase.label, x: [], base: [], y: [], text: [],
+                      marker: { color: [], line: { width: 0 } }, hovertemplate: "%{text}<extra></extra>",
+                      textposition: "none" };
+      moves.forEach(function (r, i) {
+        const start = phaseStart(r, phase);
+        if (start === null) return;
+        const end = r[phase.to];
+        const open = end === null && r.phase !== "failed";
+        if (end === null && !open) return;
+        const stop = end === null ? Math.max(now, start) : end;
+        const last = PHASES.find(function (p) { return phaseStart(r, p) !== null && r[p.to] === null; });
+        if (open && last !== phase) return;
+        trace.x.push(Math.max(stop - start, 1e-3));
+        trace.base.push(start);
+        trace.y.push(rows[i]);
+        trace.marker.color.push(open ? faint(phase.color) : phase.color);
+        trace.text.push(EP.esc(rows[i]) + "<br>" + phase.label + ": " + (open ? "under way, " : "") +
+          fmt.seconds(stop - start) + "<br>" + start.toFixed(3) + " – " + (open ? "now" : stop.toFixed(3) + " s"));
+      });
+      return trace;
+    });
+    const checks = list.filter(function (r) { return !r.moved; });
+    if (checks.length) {
+      const row = "dynamic checks (kept the plan)";
+      rows.push(row);
+      traces.push({
+        type: "scatter", mode: "markers", name: "re-partition not worth it",
+        x: checks.map(function (r) { return r.replanned_s; }), y: checks.map(function () { return row; }),
+        marker: { symbol: "x", size: 10, color: "#64748b" },
+        text: checks.map(function (r) {
+          return "saves " + fmt.seconds(r.saved_s) + ", costs " + fmt.seconds(r.cost_s) + ": skipped" +
+            (r.measured_throughput_sps === null ? "" : "<br>measured " + fmt.num(r.measured_throughput_sps) + " samples/s") +
+            (r.predicted_throughput_sps === null ? "" : ", predicted " + fmt.num(r.predicted_throughput_sps));
+        }),
+        hovertemplate: "%{text}<extra>at %{x:.3f} s</extra>",
+      });
+    }
+    Plotly.react($("recoveries-chart"), traces, {
+      barmode: "overlay", height: 90 + 34 * rows.length, font: EP.plotFont,
+      margin: { l: 200, r: 16, t: 8, b: 60 },
+      xaxis: { title: { text: "seconds since the run started", font: { size: 11 } }, gridcolor: "#eef2f7",
+               rangemode: "tozero" },
+      yaxis: { autorange: "reversed", fixedrange: true, type: "category", categoryorder: "array", categoryarray: rows },
+      legend: { orientation: "h", y: -0.35, font: { size: 11 } },
+      plot_bgcolor: "#fff", paper_bgcolor: "#fff", uirevision: "recoveries",
+    }, Object.assign({}, EP.plotConfig, { displayModeBar: false }));
+  }
+
+  /* the devices table: when each device was lost, and when its recovery resumed */
+  function renderLostDevices(list) {
+    const lost = {};
+    for (const r of list) {
+      for (const x of r.losses) {
+        lost[x.device] = "lost at " + x.detected_s.toFixed(1) + " s" + (x.detected_by ? " (" + x.detected_by + ")" : "") +
+          (r.resumed_s !== null ? "; resumed without it at " + r.resumed_s.toFixed(1) + " s"
+            : r.phase === "failed" ? "; the run failed" : "; recovering");
+      }
+    }
+    for (const cell of document.querySelectorAll("[data-lost-for]")) {
+      const uid = cell.getAttribute("data-lost-for");
+      cell.textContent = lost[uid] || "–";
+      cell.classList.toggle("kind-device_lost", Boolean(lost[uid]));
+    }
+  }
+
+  /* ---------------------------------------------------------------- fault injection */
+
+  document.addEventListener("click", async function (event) {
+    const button = event.target.closest("[data-stop-agent]");
+    if (!button) return;
+    const name = button.getAttribute("data-label");
+    if (!window.confirm("Stop the agent of " + name + "? Its process exits at once, as if the device lost " +
+                        "power; a run it trains in recovers without it (or fails).")) return;
+    button.disabled = true;
+    const answer = await EP.api("POST", cfg.urls.stop_agent.replace("{id}", button.getAttribute("data-stop-agent")));
+    button.disabled = false;
+    const notice = $("device-notice");
+    notice.hidden = false;
+    if (!answer.ok) {
+      const detail = (answer.data && answer.data.detail) || ("the server answered " + answer.status);
+      notice.className = "notice error";
+      notice.textContent = detail;
+      EP.toast(detail, "error");
+      return;
+    }
+    const text = "Sent exit to " + name + "'s agent (command " + answer.data.command + "): it stops at once.";
+    notice.className = "notice";
+    notice.textContent = text;
+    EP.toast(text);
+  });
 })();

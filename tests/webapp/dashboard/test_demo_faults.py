@@ -1,0 +1,125 @@
+"""The demo's fault injection (``manage.py demo --kill-agent-at``): the agent it kills by
+default, the kill on the run's clock, a killed child the testbed expects, and the flags'
+refusals. Without starting a testbed (the end-to-end kill runs with the integration tests)."""
+
+from __future__ import annotations
+
+import re
+import signal
+import sys
+import time
+from datetime import timedelta
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.utils import timezone
+
+from webapp.demo.client import DemoError
+from webapp.demo.management.commands.demo import Command
+from webapp.demo.processes import ProcessGroup
+from webapp.demo.scenario import DEFAULT_AGENTS, LocalTestbed
+
+SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+
+@pytest.fixture
+def group(tmp_path: Path):
+    processes = ProcessGroup(log_dir=tmp_path / "logs")
+    yield processes
+    processes.stop_all(grace_s=5)
+
+
+def test_a_killed_child_is_expected_one_that_stops_on_its_own_is_not(group: ProcessGroup):
+    victim = group.start("agent-b", SLEEP)
+    group.start("agent-c", SLEEP)
+    group.kill("agent-b")
+    assert victim.process is not None and victim.process.returncode == -9  # SIGKILL
+    assert victim.killed and group.exited() is None
+    group.start("agent-d", [sys.executable, "-c", "raise SystemExit(3)"])
+    deadline = time.monotonic() + 10
+    while group.exited() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    exited = group.exited()
+    assert exited is not None and exited.name == "agent-d"
+
+
+class FakeApi:
+    """The REST answers the testbed asks for: the run and its plans."""
+
+    def __init__(self, *, started_s_ago: float, stages: list[list[str]]) -> None:
+        self.started = timezone.now() - timedelta(seconds=started_s_ago)
+        self.stages = stages
+
+    def get(self, path: str) -> Any:
+        if path == "/api/runs/7/":
+            return {"id": 7, "state": "running", "started_at": self.started.isoformat()}
+        if path == "/api/runs/7/plans/":
+            return [{"id": 3, "document": {"stages": [{"devices": d, "layers": [k, k]}
+                                                      for k, d in enumerate(self.stages)]}}]
+        raise AssertionError(path)
+
+
+def fake_testbed(group: ProcessGroup, api: FakeApi) -> LocalTestbed:
+    bed = LocalTestbed(say=lambda line: None)
+    bed.processes = group
+    bed.api = api  # type: ignore[assignment]
+    bed.devices = [{"uid": f"uid-{a.name}", "name": a.name} for a in bed.agents]
+    return bed
+
+
+@pytest.mark.parametrize(("stages", "victim"), [
+    ([["uid-demo-fast"], ["uid-demo-slow"], ["uid-demo-slowlink"]], "demo-slow"),
+    ([["uid-demo-slowlink"], ["uid-demo-fast"]], "demo-fast"),
+    ([["uid-demo-slow", "uid-demo-fast"]], "demo-slow"),
+])
+def test_by_default_the_agent_of_the_plans_middle_stage_is_killed(group, stages, victim):
+    bed = fake_testbed(group, FakeApi(started_s_ago=0, stages=stages))
+    assert bed.agent_of_stage(7, 3).name == victim
+    assert bed.agent_named("demo-slowlink") is DEFAULT_AGENTS[2]
+    with pytest.raises(DemoError, match="no agent named 'nobody'; the agents: demo-fast, "):
+        bed.agent_named("nobody")
+
+
+def test_the_kill_comes_at_its_time_on_the_runs_clock_and_is_expected(group: ProcessGroup):
+    bed = fake_testbed(group, FakeApi(started_s_ago=10.0, stages=[["uid-demo-slow"]]))
+    slow = group.start("agent-demo-slow", SLEEP)
+    slowlink = group.start("agent-demo-slowlink", SLEEP)
+    fast = group.start("agent-demo-fast", SLEEP)
+    timer = bed.kill_agent_at(7, DEFAULT_AGENTS[1:], 10.3)  # both, 0.3 s from now
+    assert slow.process is not None and slow.process.poll() is None
+    timer.join(timeout=10)
+    assert slow.process.wait(timeout=10) == -9
+    assert slowlink.process is not None and slowlink.process.wait(timeout=10) == -9
+    assert fast.process is not None and fast.process.poll() is None
+    bed.check_children()  # no DemoError: the testbed killed it on purpose
+    group.start("worker", [sys.executable, "-c", "raise SystemExit(1)"])
+    time.sleep(0.5)
+    with pytest.raises(DemoError, match="worker stopped unexpectedly"):
+        bed.check_children()
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--kill-agent-at", "0"], "--kill-agent-at: must be more than 0 seconds, got 0"),
+    (["--kill-agent-at", "soon"], "--kill-agent-at: must be a number of seconds, got 'soon'"),
+    (["--kill-agent-at", "5", "--kill-agent", "nobody"],
+     "--kill-agent: no agent named 'nobody'; the agents: demo-fast, demo-slow, demo-slowlink"),
+    (["--kill-agent-at", "5", "--kill-agent", "demo-slow,nobody"],
+     "--kill-agent: no agent named 'nobody'"),
+    (["--kill-agent", "demo-fast"], "--kill-agent: say when with --kill-agent-at SECONDS"),
+])
+def test_the_demo_refuses_bad_kill_flags_before_starting_anything(args, says):
+    sigterm = signal.getsignal(signal.SIGTERM)  # the command installs its own
+    try:
+        with pytest.raises(CommandError, match=re.escape(says)):
+            call_command("demo", *args, stdout=StringIO(), stderr=StringIO())
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)
+
+
+def test_the_kill_flags_help_says_which_agent_by_default():
+    text = " ".join(Command().create_parser("manage.py", "demo").format_help().split())
+    assert "--kill-agent-at SECONDS fault injection: SECONDS after the run starts" in text
+    assert "(default: the device of the middle stage of the chosen plan)" in text
