@@ -1,0 +1,101 @@
+"""Fault tolerance with real processes: `manage.py demo --headless --kill-agent-at` trains the MLP
+on digits through three agent processes and SIGKILLs agents mid-run (the middle stage's, the last
+stage's, both at once). The run recovers on the survivors and finishes; every micro-batch's
+update is applied exactly once in the weights the run ends with; the loss goes on from where it
+was; the recovery is on the run's timeline."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.webapp.integration.stack import child_env, free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+MICROBATCHES, BATCHES = 8, 150
+TOTAL = MICROBATCHES * BATCHES
+SCENARIOS = {"middle": "demo-slow", "last": "demo-slowlink", "two": "demo-slow,demo-slowlink"}
+
+
+@pytest.fixture(scope="module")
+def var(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("faults")  # shared: later scenarios reuse the profiles
+
+
+def demo(var: Path, kill: str) -> dict[str, Any]:
+    env = child_env(EDGEPIPE_VAR_DIR=str(var), DJANGO_SETTINGS_MODULE="webapp.settings.local")
+    result = subprocess.run(
+        [sys.executable, "manage.py", "demo", "--headless", "--port", str(free_port()),
+         "--model", "mlp", "--dataset", "digits", "--plan", "ftpipehd",
+         "--microbatches", str(MICROBATCHES), "--batches", str(BATCHES),
+         "--kill-agent-at", "2.5", "--kill-agent", kill],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
+                     for p in sorted((var / "demo" / "logs").glob("*.log")))
+    assert result.returncode == 0, f"{result.stdout[-2000:]}\n{result.stderr[-3000:]}\n{logs}"
+    summary: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return summary
+
+
+def rows(var: Path, query: str, *args: Any) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(var / "db.sqlite3") as db:
+        return list(db.execute(query, args))
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_a_killed_agent_s_run_recovers_and_finishes(var: Path, scenario: str) -> None:
+    summary = demo(var, SCENARIOS[scenario])
+    run = summary["run"]
+    assert summary["state"] == "finished", summary
+    uids = {name: uid for name, uid in rows(var, "SELECT name, uid FROM devices_device")}
+    killed = {uids[name] for name in SCENARIOS[scenario].split(",")}
+    assert {f["device"] for f in summary["faults"]} == killed
+    assert all(f["resumed_s"] > f["detected_s"] for f in summary["faults"])
+    assert summary["throughput_after_sps"] > 0
+
+    # the recovery is on the timeline, in order
+    kinds = [k for (k,) in rows(var, "SELECT kind FROM runs_faultevent WHERE run_id = ? "
+                                     "ORDER BY at, id", run)]
+    recovery = ["device_lost", "recovery_started", "repartitioned", "weights_redistributed",
+                "recovered"]
+    assert [k for k in kinds if k in recovery][-4:] == recovery[1:]
+    assert kinds[0] == "run_started" and kinds[-1] == "run_finished"
+
+    # exactly once: generation g trains micro-batches V_g .. V_(g+1) - 1 on each of its stages'
+    # devices, each update once; what it did past V_(g+1) was rolled back by the recovery
+    generations = rows(var, "SELECT number, plan, resume_microbatch FROM runs_generation "
+                            "WHERE run_id = ? ORDER BY number", run)
+    assert len(generations) >= 2 and generations[0][2] == 0
+    replanned = [at for (at,) in rows(var, "SELECT at FROM runs_faultevent WHERE run_id = ? AND "
+                                           "kind = 'repartitioned' ORDER BY at", run)]
+    bounds = [0.0, *replanned, float("inf")]
+    for g, (number, plan, resume) in enumerate(generations):
+        end = generations[g + 1][2] if g + 1 < len(generations) else TOTAL
+        devices = [d for stage in json.loads(plan)["stages"] for d in stage["devices"]]
+        assert not killed & set(devices) or number == 0
+        for device in devices:
+            updates = Counter(m for (m,) in rows(
+                var, "SELECT microbatch FROM runs_timelineevent WHERE run_id = ? AND device = ? "
+                     "AND kind = 'update' AND start >= ? AND start < ?",
+                run, device, bounds[g], bounds[g + 1]))
+            wanted = range(resume, end)
+            assert [m for m in wanted if updates[m] != 1] == [], (number, device)
+            assert not [m for m in updates if m < resume], (number, device)
+
+    # the loss goes on from where it was (the weights were restored, not reset)
+    losses = rows(var, "SELECT at, value FROM runs_metricpoint WHERE run_id = ? AND "
+                       "kind = 'loss' ORDER BY at", run)
+    resumed = max(f["resumed_s"] for f in summary["faults"])
+    first = sum(v for _, v in losses[:8]) / 8
+    after = [v for at, v in losses if at > resumed][:8]
+    assert len(after) == 8 and sum(after) / 8 < 0.5 * first
+    assert summary["loss_last"] < 0.3 * summary["loss_first"]
