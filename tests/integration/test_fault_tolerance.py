@@ -94,8 +94,14 @@ def test_a_killed_agent_s_run_recovers_and_finishes(var: Path, scenario: str) ->
     # the loss goes on from where it was (the weights were restored, not reset)
     losses = rows(var, "SELECT at, value FROM runs_metricpoint WHERE run_id = ? AND "
                        "kind = 'loss' ORDER BY at", run)
+    detected = min(f["detected_s"] for f in summary["faults"])
     resumed = max(f["resumed_s"] for f in summary["faults"])
-    first = sum(v for _, v in losses[:8]) / 8
-    after = [v for at, v in losses if at > resumed][:8]
-    assert len(after) == 8 and sum(after) / 8 < 0.5 * first
+    first = sum(v for _, v in losses[:16]) / 16
+    before = [v for at, v in losses if at < detected][-16:]
+    after = [v for at, v in losses if at > resumed][:16]
+    assert len(before) == len(after) == 16
+    mean_before, mean_after = sum(before) / 16, sum(after) / 16
+    assert mean_before < 0.9 * first  # it had learned something to lose
+    assert mean_after < min(first - 0.5 * (first - mean_before), 1.5 * mean_before), (
+        first, mean_before, mean_after)
     assert summary["loss_last"] < 0.3 * summary["loss_first"]
