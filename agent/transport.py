@@ -253,7 +253,7 @@ class DataPlane:
             item.done.wait()
 
     def _send_loop(self) -> None:
-        sockets: dict[str, zmq.Socket[bytes]] = {}
+        sockets: dict[str, tuple[str, zmq.Socket[bytes]]] = {}  # peer -> (address, socket)
         free_at = 0.0
         while True:
             item = self._outgoing.get()
@@ -262,12 +262,19 @@ class DataPlane:
             if isinstance(item, threading.Event):
                 item.set()
                 continue
-            sock = sockets.get(item.peer)
-            if sock is None:
+            address = self._peers[item.peer]
+            known = sockets.get(item.peer)
+            if known is not None and known[0] != address:
+                # the peer came back elsewhere (a restarted agent binds a new port): what is
+                # still queued for the old address is for a process that is gone
+                known[1].close(linger=0)
+                known = None
+            if known is None:
                 sock = self.context.socket(zmq.PUSH)
                 sock.setsockopt(zmq.LINGER, 2000)
-                sock.connect(self._peers[item.peer])
-                sockets[item.peer] = sock
+                sock.connect(address)
+                known = sockets[item.peer] = (address, sock)
+            sock = known[1]
             nbytes = len(item.frames[1])
             start = max(self.clock(), free_at)
             deliver = start + self.shaping.delay_s(nbytes)
@@ -281,7 +288,7 @@ class DataPlane:
                 self.on_send(SendRecord(peer=item.peer, header=item.header, nbytes=nbytes,
                                         start=start, end=end))
             item.done.set()
-        for sock in sockets.values():
+        for _, sock in sockets.values():
             sock.close()
 
     # ---- receiving

@@ -93,6 +93,28 @@ def test_plane_delivers_and_keeps_bad_messages_out() -> None:
         b.close()
 
 
+def test_a_peer_that_comes_back_on_another_address_is_sent_to_there() -> None:
+    # a restarted agent binds a new port: its neighbours must not go on sending to the old one
+    a = DataPlane(bind="tcp://127.0.0.1:0")
+    old = DataPlane(bind="tcp://127.0.0.1:0")
+    try:
+        a.connect("b", old.address)
+        a.send("b", encode(run=1, kind="gradient", microbatch=0, version=0,
+                           tensor=torch.ones(2)))
+        assert old.receive("gradient", 0, timeout_s=5).tensor.sum().item() == 2
+    finally:
+        old.close()
+    new = DataPlane(bind="tcp://127.0.0.1:0")
+    try:
+        a.connect("b", new.address)
+        a.send("b", encode(run=1, kind="gradient", microbatch=1, version=0,
+                           tensor=torch.ones(3)))
+        assert new.receive("gradient", 1, timeout_s=5).tensor.sum().item() == 3
+    finally:
+        a.close()
+        new.close()
+
+
 def test_shaping_emulates_a_slow_link() -> None:
     sends = []
     a = DataPlane(bind="tcp://127.0.0.1:0", shaping=Shaping(bandwidth_bps=1_000_000,
