@@ -37,7 +37,8 @@ def demo(var: Path, kill: str) -> dict[str, Any]:
         [sys.executable, "manage.py", "demo", "--headless", "--port", str(free_port()),
          "--model", "mlp", "--dataset", "digits", "--plan", "ftpipehd",
          "--microbatches", str(MICROBATCHES), "--batches", str(BATCHES),
-         "--kill-agent-at", "2.5", "--kill-agent", kill],
+         "--kill-agent-at", "2.5", "--kill-agent", kill,
+         "--repartition-every", "0"],  # the failure's recovery alone
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
                      for p in sorted((var / "demo" / "logs").glob("*.log")))

@@ -30,7 +30,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     result = subprocess.run(
         [sys.executable, "manage.py", "demo", "--headless", "--port", str(free_port()),
          "--model", "mlp", "--dataset", "digits", "--plan", "ftpipehd",
-         "--microbatches", str(MICROBATCHES), "--batches", str(BATCHES)],
+         "--microbatches", str(MICROBATCHES), "--batches", str(BATCHES),
+         "--repartition-every", "0"],  # one plan all along: its stages are checked below
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
                      for p in sorted((var / "demo" / "logs").glob("*.log")))

@@ -221,12 +221,16 @@ class LocalTestbed:
 
     def plan(self, spec: int, *, devices: Sequence[dict[str, Any]], name: str,
              algorithms: Sequence[str], schedule: str, microbatches: int,
-             batches: int) -> dict[str, Any]:
-        """Create a run and plan it with every algorithm; returns the plans' comparison."""
-        run = self.api.post("/api/runs/", {
+             batches: int, repartition_every: int | None = None) -> dict[str, Any]:
+        """Create a run and plan it with every algorithm; returns the plans' comparison.
+        ``repartition_every`` (batches; 0: off) overrides the run's default."""
+        payload: dict[str, Any] = {
             "name": name, "model_spec": spec, "devices": [d["id"] for d in devices],
             "algorithms": list(algorithms), "schedule": schedule,
-            "microbatches": microbatches, "batches": batches, "epochs": 1})
+            "microbatches": microbatches, "batches": batches, "epochs": 1}
+        if repartition_every is not None:
+            payload["repartition_every"] = repartition_every
+        run = self.api.post("/api/runs/", payload)
         self.api.post(f"/api/runs/{run['id']}/plan/")
         planned = self.wait_state(run["id"], (Run.State.PLANNED, Run.State.FAILED), 300)
         if planned["state"] != Run.State.PLANNED:
@@ -284,6 +288,25 @@ class LocalTestbed:
         self.timers.append(timer)
         return timer
 
+    def slow_agent_at(self, run_id: int, agent: DemoAgent, at_s: float, slowdown: float
+                      ) -> threading.Timer:
+        """``at_s`` seconds into the run, make the agent's device ``slowdown`` times slower
+        than this machine (a device heating up: POST /api/devices/<id>/emulate/)."""
+        run = self.api.get(f"/api/runs/{run_id}/")
+        started = parse_datetime(run["started_at"]) if run.get("started_at") else None
+        elapsed = (timezone.now() - started).total_seconds() if started else 0.0
+        device = next(d for d in self.devices if d["name"] == agent.name)
+
+        def slow() -> None:
+            self.say(f"slowing {agent.name} down to {slowdown:g}x {at_s:g} s into run {run_id}")
+            self.api.post(f"/api/devices/{device['id']}/emulate/", {"slowdown": slowdown})
+
+        timer = threading.Timer(max(0.0, at_s - elapsed), slow)
+        timer.daemon = True
+        timer.start()
+        self.timers.append(timer)
+        return timer
+
     def finish(self, run_id: int, *, timeout_s: float = 900.0) -> dict[str, Any]:
         """Wait for the run to end; its summary (runs.selectors.run_summary)."""
         final = self.wait_state(run_id, FINAL_STATES, timeout_s)
@@ -328,8 +351,12 @@ class DemoOptions:
     agents: tuple[DemoAgent, ...] = DEFAULT_AGENTS
     headless: bool = False
     run_timeout_s: float = 900.0
+    repartition_every: int | None = None  # batches between dynamic re-partitions (0: off)
     kill_agent_at: float | None = None  # seconds into the run: SIGKILL agents (a fault)
     kill_agents: tuple[str, ...] = ()  # which (default: the device of the plan's middle stage)
+    slow_agent_at: float | None = None  # seconds into the run: slow an agent down (heat)
+    slow_agent: str = ""  # which (default: the device of the plan's middle stage)
+    slow_to: float = 20.0  # how many times slower than this machine
 
 
 def run_demo(options: DemoOptions, *, say: Callable[[str], None] = print
@@ -343,6 +370,13 @@ def run_demo(options: DemoOptions, *, say: Callable[[str], None] = print
                             f"{', '.join(a.name for a in o.agents)}")
     if o.kill_agents and o.kill_agent_at is None:
         raise DemoError("--kill-agent: say when with --kill-agent-at SECONDS")
+    if o.slow_agent and o.slow_agent not in {a.name for a in o.agents}:
+        raise DemoError(f"--slow-agent: no agent named {o.slow_agent!r}; the agents: "
+                        f"{', '.join(a.name for a in o.agents)}")
+    if o.slow_agent and o.slow_agent_at is None:
+        raise DemoError("--slow-agent: say when with --slow-agent-at SECONDS")
+    if not 1 <= o.slow_to <= 1000:
+        raise DemoError(f"--slow-to must be from 1 to 1000, got {o.slow_to:g}")
     with LocalTestbed(agents=o.agents, host=o.host, port=o.port, say=say) as testbed:
         say(f"EdgePipe demo on {testbed.url}/ (log in as {testbed.username} / "
             f"{testbed.password})")
@@ -354,7 +388,8 @@ def run_demo(options: DemoOptions, *, say: Callable[[str], None] = print
         compared = testbed.plan(
             spec, devices=testbed.devices, algorithms=o.algorithms, schedule=o.schedule,
             name=f"demo: {o.model} on {o.dataset} over {len(testbed.devices)} devices",
-            microbatches=o.microbatches, batches=o.batches)
+            microbatches=o.microbatches, batches=o.batches,
+            repartition_every=o.repartition_every)
         say(f"  {compared['reason']}")
         row = chosen_plan(compared, o.plan)
         say(f"starting the {row['algorithm']} plan ({row['stages']} stages, predicted "
@@ -367,6 +402,12 @@ def run_demo(options: DemoOptions, *, say: Callable[[str], None] = print
             say(f"fault injection: {', '.join(v.name for v in victims)} will be killed "
                 f"{o.kill_agent_at:g} s into the run")
             testbed.kill_agent_at(compared["run"], victims, o.kill_agent_at)
+        if o.slow_agent_at is not None:
+            slowed = (testbed.agent_named(o.slow_agent) if o.slow_agent
+                      else testbed.agent_of_stage(compared["run"], row["plan"]))
+            say(f"{slowed.name} will slow down to {o.slow_to:g}x {o.slow_agent_at:g} s into the "
+                "run (the dynamic re-partition should move layers away from it)")
+            testbed.slow_agent_at(compared["run"], slowed, o.slow_agent_at, o.slow_to)
         if o.headless:
             return testbed.finish(compared["run"], timeout_s=o.run_timeout_s)
         say("Ctrl-C stops the demo")

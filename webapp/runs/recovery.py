@@ -31,7 +31,7 @@ from orchestrator.capacity import estimate_capacities
 from orchestrator.cost import build_cost_model
 from orchestrator.errors import FormatError, PlanningError
 from orchestrator.formats import DeviceSet, ModelProfile, parse_plan
-from orchestrator.partition import run_planner
+from orchestrator.partition import LEARNED, run_planner
 from orchestrator.recovery import (
     CENTRAL,
     Decision,
@@ -60,10 +60,10 @@ from webapp.runs.states import RunState
 
 log = logging.getLogger(__name__)
 
-# a recovery (and a dynamic re-partition) plans with the exact planner, whatever planned the
-# run: it wants the best plan for the devices left, and takes milliseconds for a testbed's
-# handful of devices. (FTPipeHD re-runs its own DP, which keeps the devices' order: on
-# bench/faults.py's testbed its plans for the survivors predicted 0.61-0.84 of the optimum.)
+# a recovery from a failure plans with the exact planner, whatever planned the run: it wants
+# the best plan for the devices left, and takes milliseconds for a testbed's handful of
+# devices. (FTPipeHD re-runs its own DP, which keeps the devices' order: on bench/faults.py's
+# testbed its plans for the survivors predicted 0.61-0.84 of the optimum.)
 RECOVERY_PLANNER = "optimal"
 RESUME_DELAY_S = 0.1  # between the last ready and the common resume, for the start message
 MEASURED_MICROBATCHES = 50  # capacities are estimated from this many recent micro-batches
@@ -415,6 +415,15 @@ def run_repartition_check(*, run_id: int, progress: int) -> Run | None:
         return _lose(run, [], reason="", detected_by="", cause="dynamic", decision=detail)
 
 
+def _dynamic_planner(run: Run) -> str:
+    """FTPipeHD's dynamic re-partition re-runs the run's own planner with the new capacities
+    (a learned one: ftpipehd's DP, a minute of training has no place here): the user chose its
+    kind of plan (ftpipehd keeps every device, in order), which a recovery from a failure
+    cannot keep anyway."""
+    algorithm = run.chosen_plan.algorithm if run.chosen_plan else RECOVERY_PLANNER
+    return "ftpipehd" if algorithm in LEARNED else algorithm
+
+
 def _repartition_decision(run: Run, progress: int) -> Decision | None:
     recovery = run.recovery
     try:
@@ -429,7 +438,7 @@ def _repartition_decision(run: Run, progress: int) -> Decision | None:
         candidates = [rd.device.uid for rd in _candidates(run)]
         devices = _subset(estimated, candidates)
         cm = build_cost_model(profile, devices)
-        plan = run_planner(cm, RECOVERY_PLANNER, schedule=run.schedule,
+        plan = run_planner(cm, _dynamic_planner(run), schedule=run.schedule,
                            microbatches=run.microbatches)
     except (PlanningError, FormatError, ValueError, KeyError) as exc:
         log.warning("run %s: no dynamic re-partition: %s", run.pk, exc)

@@ -39,6 +39,9 @@ class Command(BaseCommand):
                                  "fills)")
         parser.add_argument("--headless", action="store_true",
                             help="run to the end without a browser; print a JSON summary")
+        parser.add_argument("--repartition-every", type=int, default=None, metavar="BATCHES",
+                            help="batches between dynamic re-partition checks (0: off; default "
+                                 "the run's, 100, the first after 10)")
         parser.add_argument("--kill-agent-at", type=_positive_seconds, default=None,
                             metavar="SECONDS",
                             help="fault injection: SECONDS after the run starts, kill an "
@@ -47,6 +50,16 @@ class Command(BaseCommand):
                             help="the agent --kill-agent-at kills, or several (comma-separated, "
                                  "killed at once) (default: the device of the middle stage of "
                                  "the chosen plan)")
+
+        parser.add_argument("--slow-agent-at", type=_positive_seconds, default=None,
+                            metavar="SECONDS",
+                            help="SECONDS after the run starts, slow an agent's device down "
+                                 "(as if it heated up): the dynamic re-partition reacts")
+        parser.add_argument("--slow-agent", default="", metavar="NAME",
+                            help="the agent --slow-agent-at slows down (default: the device of "
+                                 "the middle stage of the chosen plan)")
+        parser.add_argument("--slow-to", type=float, default=20.0, metavar="X",
+                            help="how many times slower than this machine (default 20)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -60,6 +73,9 @@ class Command(BaseCommand):
             schedule=options["schedule"],
             algorithms=tuple(a.strip() for a in options["algorithms"].split(",") if a.strip()),
             plan=options["plan"], headless=options["headless"],
+            repartition_every=options["repartition_every"],
+            slow_agent_at=options["slow_agent_at"], slow_agent=options["slow_agent"],
+            slow_to=options["slow_to"],
             kill_agent_at=options["kill_agent_at"],
             kill_agents=tuple(a.strip() for a in options["kill_agent"].split(",") if a.strip()))
         try:
