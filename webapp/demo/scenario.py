@@ -267,14 +267,24 @@ class LocalTestbed:
                             f"{', '.join(a.name for a in self.agents)}")
         return found
 
-    def kill_agent_at(self, run_id: int, agents: Sequence[DemoAgent], at_s: float
-                      ) -> threading.Timer:
-        """Kill the ``agents``' processes with SIGKILL (devices that lose power) ``at_s``
-        seconds into the run (its clock starts at the run's ``started_at``), all at once, on a
-        timer thread. Their exit is expected: check_children does not fail the demo for it."""
+    def at_run_time(self, run_id: int, at_s: float, action: Callable[[], None]
+                    ) -> threading.Timer:
+        """Do ``action`` ``at_s`` seconds into the run (its clock starts at the run's
+        ``started_at``), on a timer thread the testbed cancels when it stops."""
         run = self.api.get(f"/api/runs/{run_id}/")
         started = parse_datetime(run["started_at"]) if run.get("started_at") else None
         elapsed = (timezone.now() - started).total_seconds() if started else 0.0
+        timer = threading.Timer(max(0.0, at_s - elapsed), action)
+        timer.daemon = True
+        timer.start()
+        self.timers.append(timer)
+        return timer
+
+    def kill_agent_at(self, run_id: int, agents: Sequence[DemoAgent], at_s: float
+                      ) -> threading.Timer:
+        """Kill the ``agents``' processes with SIGKILL (devices that lose power) ``at_s``
+        seconds into the run, all at once. Their exit is expected: check_children does not
+        fail the demo for it."""
 
         def kill() -> None:
             self.say(f"killing {', '.join(a.name for a in agents)} (SIGKILL) {at_s:g} s into "
@@ -282,30 +292,19 @@ class LocalTestbed:
             for agent in agents:
                 self.processes.kill(self.agent_process(agent))
 
-        timer = threading.Timer(max(0.0, at_s - elapsed), kill)
-        timer.daemon = True
-        timer.start()
-        self.timers.append(timer)
-        return timer
+        return self.at_run_time(run_id, at_s, kill)
 
     def slow_agent_at(self, run_id: int, agent: DemoAgent, at_s: float, slowdown: float
                       ) -> threading.Timer:
         """``at_s`` seconds into the run, make the agent's device ``slowdown`` times slower
         than this machine (a device heating up: POST /api/devices/<id>/emulate/)."""
-        run = self.api.get(f"/api/runs/{run_id}/")
-        started = parse_datetime(run["started_at"]) if run.get("started_at") else None
-        elapsed = (timezone.now() - started).total_seconds() if started else 0.0
         device = next(d for d in self.devices if d["name"] == agent.name)
 
         def slow() -> None:
             self.say(f"slowing {agent.name} down to {slowdown:g}x {at_s:g} s into run {run_id}")
             self.api.post(f"/api/devices/{device['id']}/emulate/", {"slowdown": slowdown})
 
-        timer = threading.Timer(max(0.0, at_s - elapsed), slow)
-        timer.daemon = True
-        timer.start()
-        self.timers.append(timer)
-        return timer
+        return self.at_run_time(run_id, at_s, slow)
 
     def finish(self, run_id: int, *, timeout_s: float = 900.0) -> dict[str, Any]:
         """Wait for the run to end; its summary (runs.selectors.run_summary)."""
