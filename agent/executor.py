@@ -288,7 +288,7 @@ class StageExecutor:
             return None
         tensors = layer_state(self.module, self.spec.layers[0])
         self.store.add(Entry(layers=self.spec.layers, applied=self.applied, kind="own",
-                             tensors=tensors, pinned=pinned))
+                             tensors=tensors, pinned=pinned, generation=self.spec.generation))
         return tensors
 
     def _after_update(self) -> None:

@@ -472,7 +472,7 @@ class AgentRuntime:
             tensors = from_bytes(message.tensor.numpy().tobytes(), first=first, last=last)
             self.stores.setdefault(run, WeightStore()).add(Entry(
                 layers=(first, last), applied=message.header.microbatch, kind="replica",
-                tensors=tensors, pinned=True))
+                tensors=tensors, pinned=True, generation=message.header.version))
         elif kind == "fetch":
             token, layers, reply_to = rest.split(":", 2)
             first, last = (int(x) for x in layers.split("-"))
@@ -521,7 +521,8 @@ class AgentRuntime:
         deployment.clock.started_at = started_at
         deployment.clock.offset_s = self.offset_s
         # the commit: every device of the new generation is ready, nobody fetches any more
-        self.stores.setdefault(deployment.spec.run, WeightStore()).keep_only([])
+        self.stores.setdefault(deployment.spec.run, WeightStore()).commit(
+            deployment.spec.generation)
 
         def train() -> None:
             wait = begin_at - self.server_time()

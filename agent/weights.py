@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import struct
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -101,6 +101,7 @@ class Entry:
     kind: str  # own | replica
     tensors: Tensors
     pinned: bool  # a replication point (kept until two newer ones), not only the window
+    generation: int = 0  # of the deployment whose lineage the weights belong to
 
 
 class WeightStore:
@@ -153,6 +154,8 @@ class WeightStore:
             out.update(select(entry.tensors, first, last))
         return out
 
-    def keep_only(self, entries: Iterable[Entry]) -> None:
+    def commit(self, generation: int) -> None:
+        """A new generation starts: drop what older ones held (their copies past the resume
+        point belong to a lineage the recovery abandoned), keep what this one already sent."""
         with self.lock:
-            self.entries = list(entries)
+            self.entries = [e for e in self.entries if e.generation == generation]

@@ -203,3 +203,12 @@ def test_stage_0_s_backward_timer_suspects_a_device_that_stops_answering() -> No
     assert len(suspects) == 1
     microbatch, waited = suspects[0]
     assert 25 < microbatch <= 31 and waited >= 0.2
+
+
+def test_a_new_generation_keeps_only_its_own_lineage() -> None:
+    store = WeightStore()
+    store.add(entry((0, 1), 40))  # generation 0: past the resume point, abandoned
+    store.add(Entry(layers=(2, 3), applied=32, kind="replica", tensors={}, pinned=True,
+                    generation=1))  # sent by a neighbour of generation 1 before this commit
+    store.commit(1)
+    assert store.holdings() == [{"layers": [2, 3], "applied": 32, "kind": "replica"}]
