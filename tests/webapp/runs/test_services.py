@@ -472,3 +472,16 @@ def test_run_events_store_refuses_a_run_that_is_not_active():
     with pytest.raises(Conflict) as caught:
         services.run_events_store(run=run, device=device, metrics=[])
     assert caught.value.state == "planned" and caught.value.action == "report events"
+
+
+def test_stored_timeline_events_read_back_as_the_records_sent_live():
+    # the store bypasses the ORM (one executemany); the snapshot reads rows back with the ORM:
+    # a run page must see the same events either way
+    run = RunFactory(state=Run.State.RUNNING)
+    records = [TimelineRecord(run.pk, "dev-1", i % 3, kind, i, i // 2, i * 0.25, i * 0.25 + 0.125,
+                              1000 * i) for i, kind in enumerate(["forward", "backward", "send",
+                                                                  "recv", "update", "load"])]
+    stored = services.timeline_events_store(run=run, records=records)
+    rows = TimelineEvent.objects.filter(run=run).order_by("start")
+    assert [selectors.timeline_json(r) for r in rows] == [e.to_json() for e in stored]
+    assert services.timeline_events_store(run=run, records=[]) == []
