@@ -72,7 +72,8 @@ def test_a_killed_agent_s_run_recovers_and_finishes(var: Path, scenario: str) ->
     assert kinds[0] == "run_started" and kinds[-1] == "run_finished"
 
     # exactly once: generation g trains micro-batches V_g .. V_(g+1) - 1 on each of its stages'
-    # devices, each update once; what it did past V_(g+1) was rolled back by the recovery
+    # devices, each update once; what it did past V_(g+1) was rolled back by the recovery (the
+    # killed devices' updates up to V_(g+1) live on in the replicas the recovery restored)
     generations = rows(var, "SELECT number, plan, resume_microbatch FROM runs_generation "
                             "WHERE run_id = ? ORDER BY number", run)
     assert len(generations) >= 2 and generations[0][2] == 0
@@ -88,9 +89,10 @@ def test_a_killed_agent_s_run_recovers_and_finishes(var: Path, scenario: str) ->
                 var, "SELECT microbatch FROM runs_timelineevent WHERE run_id = ? AND device = ? "
                      "AND kind = 'update' AND start >= ? AND start < ?",
                 run, device, bounds[g], bounds[g + 1]))
-            wanted = range(resume, end)
-            assert [m for m in wanted if updates[m] != 1] == [], (number, device)
-            assert not [m for m in updates if m < resume], (number, device)
+            assert not [m for m in updates if m < resume or updates[m] > 1], (number, device)
+            if device not in killed:  # a killed agent's last events die with it, unsent
+                wanted = range(resume, end)
+                assert [m for m in wanted if updates[m] != 1] == [], (number, device)
 
     # the loss goes on from where it was (the weights were restored, not reset)
     losses = rows(var, "SELECT at, value FROM runs_metricpoint WHERE run_id = ? AND "
