@@ -143,7 +143,7 @@ def run_progress(runs: Iterable[Run]) -> dict[int, Progress]:
             done = sum(1 for s in statuses if s in (Plan.Status.DONE, Plan.Status.FAILED))
             out[run.pk] = Progress(done, len(statuses), f"{done}/{len(statuses)} plans")
             continue
-        total = run.microbatches * run.batches * run.epochs
+        total = run.total_microbatches
         if run.state == RunState.FINISHED:
             out[run.pk] = Progress(total, total, "done")
             continue

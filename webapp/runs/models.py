@@ -69,6 +69,11 @@ class Run(models.Model):
     def __str__(self) -> str:
         return f"run {self.pk} {self.name} ({self.state})"
 
+    @property
+    def total_microbatches(self) -> int:
+        """Micro-batches the run trains in all (every stage's schedule runs this many)."""
+        return self.microbatches * self.batches * self.epochs
+
 
 class RunDevice(models.Model):
     """A device of a run, in pipeline order (planners such as ftpipehd keep this order)."""

@@ -28,7 +28,7 @@ from django.conf import settings
 from django.db import close_old_connections, transaction
 
 from orchestrator.capacity import estimate_capacities
-from orchestrator.cost import build_cost_model
+from orchestrator.cost import CostModel, build_cost_model
 from orchestrator.errors import FormatError, PlanningError
 from orchestrator.formats import DeviceSet, ModelProfile, parse_plan
 from orchestrator.partition import LEARNED, run_planner
@@ -68,6 +68,8 @@ RECOVERY_PLANNER = "optimal"
 RESUME_DELAY_S = 0.1  # between the last ready and the common resume, for the start message
 MEASURED_MICROBATCHES = 50  # capacities are estimated from this many recent micro-batches
 S = RunDevice.StageState
+# the states in which a lost device matters to a run: it recovers, or (starting, paused) fails
+LOSABLE = (RunState.STARTING, RunState.RUNNING, RunState.RECOVERING, RunState.PAUSED)
 
 
 def _subset(devices: DeviceSet, keep: Sequence[str]) -> DeviceSet:
@@ -115,6 +117,17 @@ def _planning_devices(run: Run, profile: ModelProfile, devices: DeviceSet) -> De
         return devices
 
 
+def _next_generation_inputs(run: Run, candidates: Sequence[RunDevice]
+                            ) -> tuple[ModelProfile, DeviceSet, CostModel]:
+    """What a re-plan (a recovery's or a dynamic re-partition's) plans with: the model
+    profile, every device of the run, and the cost model of ``candidates`` (the devices a new
+    generation may use) with their capacities re-estimated from what they measured."""
+    profile, all_devices = run_planning_inputs(run=run)
+    estimated = _planning_devices(run, profile, all_devices)
+    devices = _subset(estimated, [rd.device.uid for rd in candidates])
+    return profile, all_devices, build_cost_model(profile, devices)
+
+
 def _holdings(run: Run, staged: Sequence[RunDevice]) -> list[Holding]:
     out = [Holding.from_json(raw, device=rd.device.uid) for rd in staged
            for raw in (rd.holdings or [])]
@@ -131,13 +144,11 @@ def run_device_lost(*, device: Device, reason: str, detected_by: str) -> list[Ru
     unanswered): every active run it holds a stage of recovers without it; a run still starting
     fails, naming it."""
     touched = []
-    for run_id in (RunDevice.objects.filter(device=device, run__state__in=(
-            RunState.STARTING, RunState.RUNNING, RunState.RECOVERING, RunState.PAUSED))
-            .exclude(stage_state=S.LOST).values_list("run_id", flat=True)):
+    for run_id in (RunDevice.objects.filter(device=device, run__state__in=LOSABLE)
+                   .exclude(stage_state=S.LOST).values_list("run_id", flat=True)):
         with transaction.atomic():
             run = _locked(Run(pk=run_id))
-            if run.state not in (RunState.STARTING, RunState.RUNNING, RunState.RECOVERING,
-                                 RunState.PAUSED):
+            if run.state not in LOSABLE:
                 continue
             rd = RunDevice.objects.select_for_update().get(run=run, device=device)
             if run.state in (RunState.RUNNING, RunState.RECOVERING) and _holds(rd):
@@ -179,7 +190,6 @@ def _lose(run: Run, lost: Sequence[RunDevice], *, reason: str, detected_by: str,
                        detail={"reason": reason, "detected_by": detected_by})
     generation = run.generation + 1 if fresh else int(recovery["generation"]) + 1
     recovery["generation"] = generation
-    recovery["phase"] = "halting"
     _control_event(run, "recovery_started",
                    detail={"generation": generation, "lost": recovery["lost"]})
     survivors = [rd for rd in RunDevice.objects.filter(run=run).select_related("device")
@@ -257,10 +267,7 @@ def _replan(run: Run) -> Run:
         return _fail(run, "no device is left to recover on (lost: "
                           f"{', '.join(recovery['lost'])})")
     try:
-        profile, all_devices = run_planning_inputs(run=run)
-        estimated = _planning_devices(run, profile, all_devices)
-        devices = _subset(estimated, [rd.device.uid for rd in candidates])
-        cm = build_cost_model(profile, devices)
+        profile, all_devices, cm = _next_generation_inputs(run, candidates)
         algorithm = RECOVERY_PLANNER
         if run.recovery_policy == "respipe":  # the baseline: no re-plan
             old = parse_plan(recovery["plan"], profile=profile, devices=all_devices,
@@ -281,8 +288,7 @@ def _replan(run: Run) -> Run:
     if run.schedule == "gpipe" and restore.resume % run.microbatches:
         return _fail(run, f"recovery {generation} failed: resume point {restore.resume} is "
                           "not at a batch boundary")
-    total = run.microbatches * run.batches * run.epochs
-    if restore.resume >= total:
+    if restore.resume >= run.total_microbatches:
         return _fail(run, f"recovery {generation}: every micro-batch was already trained")
     predicted = plan.predicted
     document = plan.to_json()
@@ -318,7 +324,7 @@ def _replan(run: Run) -> Run:
             "deploy", run=run.pk, spec=spec, peers=peers, started_at=started_at,
             restore=[p.to_json() for p in restore.parts_of(uid)]))
     recovery.update({
-        "phase": "deploying", "replanned_wall": time.time(), "resume": restore.resume,
+        "replanned_wall": time.time(), "resume": restore.resume,
         "release": sorted(rd.device.uid for rd in candidates if rd.device.uid not in staged),
         "next_plan": document, "bytes_moved": restore.bytes_moved,
         "transfers": restore.transfers,
@@ -427,17 +433,13 @@ def _dynamic_planner(run: Run) -> str:
 def _repartition_decision(run: Run, progress: int) -> Decision | None:
     recovery = run.recovery
     try:
-        profile, all_devices = run_planning_inputs(run=run)
+        profile, all_devices, cm = _next_generation_inputs(run, _candidates(run))
         current = parse_plan(recovery["plan"], profile=profile, devices=all_devices,
                              file="the current plan")
         measured = measured_period_s(run=run, since_s=float(recovery.get("since_s", 0.0)),
                                      last=current.stages[-1].devices[0])
         if measured is None:
             return None
-        estimated = _planning_devices(run, profile, all_devices)
-        candidates = [rd.device.uid for rd in _candidates(run)]
-        devices = _subset(estimated, candidates)
-        cm = build_cost_model(profile, devices)
         plan = run_planner(cm, _dynamic_planner(run), schedule=run.schedule,
                            microbatches=run.microbatches)
     except (PlanningError, FormatError, ValueError, KeyError) as exc:
@@ -448,13 +450,12 @@ def _repartition_decision(run: Run, progress: int) -> Decision | None:
         return None
     same = [(s.layers, s.devices) for s in plan.stages] == [
         (s.layers, s.devices) for s in current.stages]
-    total = run.microbatches * run.batches * run.epochs
     moved = 0 if same else redistribute_weights(
         old=current, new=plan, failed=(), profile=profile).bytes_moved
-    bandwidth = min(d.bandwidth_bps for d in devices.devices)
+    bandwidth = min(d.bandwidth_bps for d in cm.devices.devices)
     decision = repartition_decision(
         measured_period_s=measured, new_period_s=predicted.period_s,
-        remaining_microbatches=max(0, total - progress),
+        remaining_microbatches=max(0, run.total_microbatches - progress),
         bytes_to_move=moved, bandwidth_bps=bandwidth,
         restart_s=float(recovery.get("restart_s") or 1.0),
         redo_microbatches=len(current.stages))

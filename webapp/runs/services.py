@@ -242,7 +242,7 @@ def spec_fields(*, run: Run, document: PlanDocument, cm: CostModel) -> dict[str,
         "stage_devices": [list(s.devices) for s in document.stages],
         "stage_times_s": [[cm.device_s(cm.index(d), s.first, s.last) for d in s.devices]
                           for s in document.stages],
-        "microbatches": run.microbatches * run.batches * run.epochs,
+        "microbatches": run.total_microbatches,
         "flush_every": run.microbatches,
         "inflight": None if document.inflight is None else list(document.inflight),
         "lr": run.lr, "momentum": run.momentum, "seed": run.pk,
