@@ -350,11 +350,10 @@ class StageExecutor:
         message = None
         if after is not None:
             try:
-                message = self.plane.receive("gradient", microbatch, name=self.spec.tag,
-                                             timeout_s=after, cancelled=self.stop.is_set)
-            except TimeoutError:
-                if self.stop.is_set():
-                    raise StageStopped(f"stage {self.spec.stage} stopped") from None
+                message = self._receive("gradient", microbatch, timeout_s=after)
+            except StageStopped:
+                raise
+            except StageError:  # late
                 if self.running.is_set():  # a paused pipeline is late on purpose
                     self.on_suspect(microbatch, after)
         if message is None:

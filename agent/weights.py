@@ -25,6 +25,8 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import nn
 
+from orchestrator.redistribution import tensor_layer
+
 Tensors = dict[str, torch.Tensor]
 KEEP_REPLICATION_POINTS = 2  # of each kind (own, replica): the newest two
 
@@ -60,10 +62,10 @@ def load_layer_state(module: nn.Module, first: int, tensors: Mapping[str, torch.
 
 
 def layer_of(name: str) -> int:
-    head = name.partition(".")[0]
-    if not head.isdigit():
+    layer = tensor_layer(name)
+    if layer is None:
         raise WeightError(f"tensor {name!r} is not named <layer>.<name>")
-    return int(head)
+    return layer
 
 
 def select(tensors: Mapping[str, torch.Tensor], first: int, last: int) -> Tensors:

@@ -143,3 +143,13 @@ def redistribute_weights(*, old: Plan, new: Plan, failed: Collection[str],
             drop[device] = _ranges(extra)
     return Redistribution(keep=MappingProxyType(keep), fetch=tuple(fetch),
                           drop=MappingProxyType(drop))
+
+
+def tensor_layer(name: str) -> int | None:
+    """The layer a weight tensor belongs to: weights travel named ``<layer index>.<name in the
+    layer>`` ("3.0.weight" -> 3), between agents and to the server, so that any stage layout can
+    load them; None for a name that does not follow that."""
+    index, dot, rest = name.partition(".")
+    if not dot or not rest or not index.isascii() or not index.isdigit():
+        return None
+    return int(index)

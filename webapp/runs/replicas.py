@@ -31,6 +31,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
 
+from orchestrator.redistribution import tensor_layer
 from webapp.common.exceptions import ApplicationError, InvalidInput
 from webapp.devices.models import Device
 from webapp.runs.models import Run, RunDevice, WeightReplica
@@ -67,14 +68,6 @@ def _absolute(relative: str) -> Path:
     if not path.is_relative_to(root):
         raise ValueError(f"replica path {relative!r} is outside REPLICA_DIR")
     return path
-
-
-def tensor_layer(name: str) -> int | None:
-    """The layer index a tensor name starts with (``"3.weight"`` -> 3), None if it has none."""
-    index, dot, rest = name.partition(".")
-    if not dot or not rest or not index.isascii() or not index.isdigit():
-        return None
-    return int(index)
 
 
 def _check_range(first: int, last: int, applied: int) -> None:
