@@ -41,9 +41,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -54,6 +54,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench.testbed import free_port, setup_django  # noqa: E402  (the path above makes it importable)
 
 BASE_SLOWDOWN = 3.0  # every agent: four of them and the server on 2 cores
 SLOW = 2.0  # the slow agent, over the others
@@ -74,24 +76,9 @@ def say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def setup_django(var_dir: str) -> None:
-    for name in ("REDIS_URL", "DATABASE_URL"):
-        os.environ.pop(name, None)
-    os.environ["EDGEPIPE_VAR_DIR"] = var_dir
-    os.environ["DJANGO_SETTINGS_MODULE"] = "webapp.settings.local"
-    os.chdir(ROOT)
-    import logging
-
-    import django
-
-    django.setup()
+def setup(var_dir: str) -> None:
+    setup_django(var_dir)
     logging.getLogger("httpx").setLevel(logging.WARNING)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # --------------------------------------------------------------------------- agents
@@ -486,7 +473,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     var_dir = args.var or tempfile.mkdtemp(prefix="edgepipe-bench-faults-")
     Path(var_dir).mkdir(parents=True, exist_ok=True)
     say(f"state and logs in {var_dir} (logs: {Path(var_dir) / 'demo' / 'logs'})")
-    setup_django(var_dir)
+    setup(var_dir)
     from webapp.demo.scenario import DemoAgent, LocalTestbed
 
     b = args.base_slowdown

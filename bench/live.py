@@ -34,6 +34,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.testbed import free_port  # noqa: E402  (the path above makes it importable)
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
@@ -197,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     from webapp.demo.processes import ProcessGroup
 
     run_id, started_at, devices, password = prepare(args.agents)
-    port = args.port or _free_port()
+    port = args.port or free_port()
     base = f"http://127.0.0.1:{port}"
     processes = ProcessGroup(log_dir=Path(var_dir) / "logs")
     agents: list[Agent] = []
@@ -283,14 +285,6 @@ def main(argv: list[str] | None = None) -> int:
         "p95_ms_at_lowest_rate": rows[0]["p95_ms"] if rows else None,
         "rows": rows}))
     return 0
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -30,16 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-
-def setup_django(var_dir: str) -> None:
-    for name in ("REDIS_URL", "DATABASE_URL"):
-        os.environ.pop(name, None)
-    os.environ["EDGEPIPE_VAR_DIR"] = var_dir
-    os.environ["DJANGO_SETTINGS_MODULE"] = "webapp.settings.local"
-    os.chdir(ROOT)
-    import django
-
-    django.setup()
+from bench.testbed import setup_django  # noqa: E402  (the path above makes it importable)
 
 
 def train(testbed: Any, spec: int, devices: list[dict[str, Any]], algorithm: str, *,
