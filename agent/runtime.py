@@ -64,6 +64,7 @@ from agent.weights import (
     Tensors,
     WeightError,
     WeightStore,
+    blob_tensor,
     from_bytes,
     load_layer_state,
     to_bytes,
@@ -396,7 +397,7 @@ class AgentRuntime:
         token = next(self._tokens)
         self.plane.send(peer, encode(
             run=run, kind="weights", microbatch=applied, version=0,
-            tensor=torch.zeros(0, dtype=torch.uint8),
+            tensor=blob_tensor(b""),
             name=f"fetch:{token}:{first}-{last}:{self.uid}={self.advertised_address}"))
         try:
             reply = self.plane.receive("weights", applied, name=f"fetched:{token}",
@@ -440,9 +441,8 @@ class AgentRuntime:
         data = to_bytes(tensors, run=spec.run, first=first, last=last, applied=applied)
         if chain and spec.num_stages > 1:
             successor = spec.stage_devices[(spec.stage + 1) % spec.num_stages][0]
-            payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
             self.plane.send(successor, encode(run=spec.run, kind="weights", microbatch=applied,
-                                              version=spec.generation, tensor=payload,
+                                              version=spec.generation, tensor=blob_tensor(data),
                                               name=f"replica:{first}-{last}"))
         if central:
             def upload() -> None:
@@ -485,10 +485,8 @@ class AgentRuntime:
             part = None if store is None else store.part(first, last, applied)
             data = b"" if part is None else to_bytes(part, run=run, first=first, last=last,
                                                      applied=applied)
-            payload = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if data
-                       else torch.zeros(0, dtype=torch.uint8))
             self.plane.send(requester, encode(run=run, kind="weights", microbatch=applied,
-                                              version=0, tensor=payload,
+                                              version=0, tensor=blob_tensor(data),
                                               name=f"fetched:{token}"))
         else:
             raise ValueError(f"unknown weights message {name!r}")

@@ -78,6 +78,13 @@ def to_bytes(tensors: Mapping[str, torch.Tensor], *, run: int, first: int, last:
     return bytes(st_save({k: v.contiguous() for k, v in tensors.items()}, metadata=metadata))
 
 
+def blob_tensor(data: bytes) -> torch.Tensor:
+    """Bytes (a safetensors blob, or none) as the uint8 tensor a data-plane message carries."""
+    if not data:
+        return torch.zeros(0, dtype=torch.uint8)  # frombuffer refuses an empty buffer
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
 def from_bytes(data: bytes, *, first: int, last: int) -> Tensors:
     """Parse a safetensors blob and check every tensor belongs to layers first..last."""
     if len(data) < 8:
