@@ -113,7 +113,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         data_port=args.data_port,
         slowdown=args.slowdown,
         bandwidth_bps=None if args.bandwidth_mbps is None else args.bandwidth_mbps * 1e6 / 8,
-        latency_s=args.latency_ms / 1e3, threads=args.threads)
+        latency_s=args.latency_ms / 1e3, threads=args.threads,
+        warm_times_path=args.config.with_name(f"{args.config.stem}.warm-times.json"))
     stop = threading.Event()
     runtime = AgentRuntime(config, stop=stop)
     for sig in (signal.SIGTERM, signal.SIGINT):

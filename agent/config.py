@@ -117,6 +117,9 @@ class AgentConfig:
     bandwidth_bps: float | None = None  # shape what this agent sends (emulation)
     latency_s: float = 0.0
     threads: int | None = None  # torch threads (None: torch's default)
+    # where this machine's warm per-layer times are kept between runs of the agent (None: in
+    # memory only), so that an emulated device paces by the times its profile was taken with
+    warm_times_path: Path | None = None
     heartbeat_s: float = 2.0
     flush_s: float = 0.1  # how often events go to the server (about 10 batches a second)
     max_backoff_s: float = 30.0

@@ -1,31 +1,44 @@
-"""Emulating a slower device on this one (``--slowdown X``): after work that took t seconds,
-wait (X - 1) t more, so the work takes X times as long as here.
+"""Emulating a slower device on this one (``--slowdown X``): a pass of a stage takes X times as
+long as this machine takes for the same work warm, neither more nor less.
 
-``time.sleep`` wakes 50-200 us late (timer slack, the interpreter lock), which on
-sub-millisecond layers made an emulated device up to twice as slow as asked: the oversleep is
-kept as a debt and settled by the next waits, so that over a run the device is X times slower,
-neither more nor less. The executor and the profiler emulate the same way, at the same
-granularity (after each pass of a stage), so that what an emulated agent profiles is what it
-then runs like (on a virtual machine, work right after a sleep runs slower than in a busy
-loop; the profile sees that too)."""
+Where this machine's warm time for the work is known (the executor's forward and backward: the
+profiler's per-layer times, measured in back-to-back sweeps), the pass is paced to X times that:
+after work that took t seconds, wait X warm - t more. Waiting the emulated time makes the next
+pass cold: on a shared virtual machine a layer that took 73 us back to back took 92 us after a
+2 ms sleep and 309 us after a 10 ms one (caches refilled). Pacing to X (t) instead, as
+EdgePipe did first, multiplied that penalty by X too: an agent asked to be 10x slower than its
+neighbours ran the MLP's first layer 43x slower, and a pipeline ran at 0.55-0.8 of what its own
+profile predicted. A pass whose warm time is not known (the update, whose cost the profile
+counts in the backward) waits nothing and shortens the next wait by what it took.
+
+``time.sleep`` wakes 50-200 us late (timer slack, the interpreter lock): that is kept as a debt
+and settled by the next waits, so that over a run the device is as slow as asked. A pass that
+overran its emulated time (a cold first pass, a busy machine) is forgiven beyond
+``CATCH_UP_S``: a device does not run faster after a hiccup, and an emulated one that did
+(its first passes took 30-120 ms, the next ones ran unpaced until that was repaid) measured
+twice as fast as its profile, so a recovery re-planned it with twice its capacity."""
 
 from __future__ import annotations
 
 import time
 
+CATCH_UP_S = 0.002  # how much of an overrun the next waits may make up
 
 class Slowdown:
     def __init__(self, factor: float) -> None:
         if factor < 1:
             raise ValueError(f"slowdown must be at least 1, got {factor}")
         self.factor = factor
-        self.debt_s = 0.0  # time still owed (negative: overslept)
+        self.debt_s = 0.0  # time still owed (negative: overslept or overran)
 
-    def after(self, work_s: float) -> None:
-        """Wait as long as work that took ``work_s`` here would take longer on the device."""
+    def after(self, work_s: float, *, warm_s: float | None = None) -> None:
+        """Wait as long as the device would take longer than this machine did for work that
+        took ``work_s`` here: its ``factor`` times this machine's warm time for it
+        (``warm_s``), or, where that is not known, ``factor`` times ``work_s``."""
         if self.factor == 1:
             return
-        self.debt_s += work_s * (self.factor - 1)
+        target = self.factor * (work_s if warm_s is None else warm_s)
+        self.debt_s = max(self.debt_s + target - work_s, -CATCH_UP_S)
         if self.debt_s <= 0:
             return
         begun = time.perf_counter()

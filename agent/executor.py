@@ -42,6 +42,7 @@ from agent.emulation import Slowdown
 from agent.transport import DataPlane, Message, encode
 from agent.weights import Entry, WeightStore, layer_state
 from orchestrator.events import TimelineEvent
+from orchestrator.formats import LayerTimes
 from orchestrator.schedule import Action, Schedule, build_schedule
 
 
@@ -228,7 +229,11 @@ class StageExecutor:
                  slowdown: float = 1.0, stop: threading.Event | None = None,
                  running: threading.Event | None = None, store: WeightStore | None = None,
                  on_checkpoint: Checkpoint | None = None,
-                 on_suspect: Callable[[int, float], None] | None = None) -> None:
+                 on_suspect: Callable[[int, float], None] | None = None,
+                 warm: LayerTimes | None = None) -> None:
+        """``warm``: this machine's warm per-layer times for the model (the profiler's), by
+        which an emulated ``slowdown`` paces the stage's passes; without them it multiplies
+        what each pass took."""
         spec.check()
         if spec.first and dataset is None:
             raise StageError("the first stage needs the data set")
@@ -242,6 +247,11 @@ class StageExecutor:
         self.on_event = on_event or (lambda e: None)
         self.on_metric = on_metric or (lambda m: None)
         self.emulation = Slowdown(slowdown)
+        a, e = spec.layers
+        # the warm seconds of each timed kind of pass; the update's are in the backward's
+        self.warm_s: dict[str, float] | None = None if warm is None else {
+            "forward": sum(warm.forward_s[a:e + 1]), "backward": sum(warm.backward_s[a:e + 1]),
+            "update": 0.0}
         self.stop = stop or threading.Event()
         # cleared while the run is paused: the stage finishes its current action, then waits
         self.running = running or threading.Event()
@@ -325,7 +335,7 @@ class StageExecutor:
 
     def _receive(self, kind: str, microbatch: int, timeout_s: float | None = None) -> Message:
         try:
-            return self.plane.receive(kind, microbatch, name=self.spec.tag,
+            return self.plane.receive(self.spec.run, kind, microbatch, name=self.spec.tag,
                                       timeout_s=timeout_s or self.spec.receive_timeout_s,
                                       cancelled=self.stop.is_set)
         except TimeoutError as exc:
@@ -376,7 +386,8 @@ class StageExecutor:
         start = self.clock.now()
         begun = time.perf_counter()
         out = work()
-        self.emulation.after(time.perf_counter() - begun)
+        self.emulation.after(time.perf_counter() - begun,
+                             warm_s=None if self.warm_s is None else self.warm_s[kind])
         self.on_event(TimelineEvent(self.spec.run, self.spec.device, self.spec.stage, kind,
                                     microbatch, version, start, self.clock.now()))
         return out

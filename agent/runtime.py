@@ -56,7 +56,7 @@ from agent.config import AgentConfig, websocket_url
 from agent.data import DataError, Dataset, load_dataset
 from agent.emulation import Slowdown
 from agent.executor import Clock, Metric, StageError, StageExecutor, StageSpec, StageStopped
-from agent.profiler import measure_overhead, profile_model
+from agent.profiler import measure_overhead, profile_model, warm_times
 from agent.transport import DataPlane, SendRecord, Shaping, encode
 from agent.transport import Message as DataMessage
 from agent.weights import (
@@ -71,6 +71,7 @@ from agent.weights import (
 )
 from agent.zoo import build_model
 from orchestrator.events import TimelineEvent
+from orchestrator.formats import LayerTimes
 
 log = logging.getLogger("edgepipe.agent")
 
@@ -135,6 +136,10 @@ class AgentRuntime:
         self.deployments: dict[int, Deployment] = {}
         self.datasets: dict[str, Dataset] = {}
         self.stores: dict[int, WeightStore] = {}  # per run, across generations
+        # global replicas waiting for the uploader: (run, first, last) -> (applied, bytes)
+        self._uploads: dict[tuple[int, int, int], tuple[int, bytes]] = {}
+        self._uploads_waiting = threading.Condition()
+        self._uploader: threading.Thread | None = None
         self._tokens = itertools.count(1)
         self.connected = threading.Event()
         self.rate_window: dict[int, tuple[float, int, int]] = {}  # run -> (since, samples, bytes)
@@ -155,6 +160,10 @@ class AgentRuntime:
         # hand-off, which added milliseconds to every hop of a pipeline
         sys.setswitchinterval(0.0005)
         self.overhead_s = 0.0
+        # this machine's warm per-layer times by (model, data set, batch size): kept from each
+        # profile (in memory and in config.warm_times_path), measured at deployment when
+        # missing; an emulated slowdown paces by them
+        self.warm: dict[tuple[str, str, int], LayerTimes] = self._load_warm_times()
 
     def spawn(self, target: Callable[[], None], name: str) -> threading.Thread:
         """Start a worker thread for torch work. torch.set_num_threads from the main thread does
@@ -288,6 +297,8 @@ class AgentRuntime:
             except (RuntimeError, ValueError) as exc:
                 self.post({"type": "profile_failed", "model": model_name, "error": str(exc)})
                 return
+            self._keep_warm_times((model_name, dataset, batch_size),
+                                  warm_times(profile, slowdown=self.config.slowdown))
             self.post({"type": "profile_result",
                        "model_spec": {"model": model_name, "dataset": dataset,
                                       "batch_size": batch_size},
@@ -295,6 +306,50 @@ class AgentRuntime:
 
         self.spawn(work, f"profile-{model_name}")
         return {"ok": True}
+
+    def _load_warm_times(self) -> dict[tuple[str, str, int], LayerTimes]:
+        path = self.config.warm_times_path
+        if path is None or not path.exists():
+            return {}
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+            return {(str(e["model"]), str(e["dataset"]), int(e["batch_size"])): LayerTimes(
+                        forward_s=tuple(float(t) for t in e["forward_s"]),
+                        backward_s=tuple(float(t) for t in e["backward_s"]))
+                    for e in raw}
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            log.warning("%s: not warm layer times (%s); measuring them again", path, exc)
+            return {}
+
+    def _keep_warm_times(self, key: tuple[str, str, int], times: LayerTimes) -> None:
+        self.warm[key] = times
+        path = self.config.warm_times_path
+        if path is None:
+            return
+        document = [{"model": m, "dataset": d, "batch_size": b, **t.to_json()}
+                    for (m, d, b), t in self.warm.items()]
+        try:
+            partial = path.with_suffix(".partial")
+            partial.write_text(json.dumps(document), encoding="utf-8")
+            partial.replace(path)
+        except OSError as exc:
+            log.warning("could not keep the warm layer times in %s: %s", path, exc)
+
+    def _warm_times(self, model: str, dataset: str, batch_size: int) -> LayerTimes:
+        """This machine's warm per-layer times for a model spec: kept from its profile, or
+        measured now, on a copy of the model (an agent started since it was profiled)."""
+        key = (model, dataset, batch_size)
+        if key not in self.warm:
+            data = self._dataset(dataset)
+            probe = build_model(model, input_shape=data.input_shape,
+                                num_classes=data.num_classes)
+            if self.config.threads:  # this is a pool thread (see spawn)
+                torch.set_num_threads(self.config.threads)
+            log.info("measuring %s's warm layer times for its emulated slowdown", model)
+            self._keep_warm_times(key, warm_times(
+                profile_model(probe, batch_size=batch_size, reference=self.uid,
+                              dataset=dataset, progress=False), slowdown=1.0))
+        return self.warm[key]
 
     def _deploy(self, command: Message) -> Message:
         spec = StageSpec.from_json(command["spec"])
@@ -328,6 +383,7 @@ class AgentRuntime:
             spec, module=module, plane=self.plane, clock=clock,
             dataset=data if spec.first else None, on_event=self._event,
             on_metric=lambda m: self._metric(spec.run, m), slowdown=self.config.slowdown,
+            warm=self._warm_times(spec.model, spec.dataset, spec.batch_size),
             stop=deployment_stop, running=running, store=store,
             on_checkpoint=lambda applied, tensors, chain, central: self._replicate(
                 spec, applied, tensors, chain=chain, central=central),
@@ -400,7 +456,7 @@ class AgentRuntime:
             tensor=blob_tensor(b""),
             name=f"fetch:{token}:{first}-{last}:{self.uid}={self.advertised_address}"))
         try:
-            reply = self.plane.receive("weights", applied, name=f"fetched:{token}",
+            reply = self.plane.receive(run, "weights", applied, name=f"fetched:{token}",
                                        timeout_s=FETCH_TIMEOUT_S)
         except TimeoutError:
             raise StageError(f"{peer} did not send layers {first}..{last} within "
@@ -445,22 +501,41 @@ class AgentRuntime:
                                               version=spec.generation, tensor=blob_tensor(data),
                                               name=f"replica:{first}-{last}"))
         if central:
-            def upload() -> None:
+            with self._uploads_waiting:
+                # a newer replica of the same layers supersedes one not yet sent
+                self._uploads.pop((spec.run, first, last), None)
+                self._uploads[(spec.run, first, last)] = (applied, data)
+                self._uploads_waiting.notify()
+                if self._uploader is None:
+                    self._uploader = threading.Thread(target=self._upload_loop,
+                                                      name="replica-upload", daemon=True)
+                    self._uploader.start()
+
+    def _upload_loop(self) -> None:
+        """Send the global replicas to the server, oldest first, over one connection (a
+        thread and a connection per replica took a tenth of a core of the agents' machine
+        when a fast pipeline replicated a few times a second)."""
+        headers = {"Authorization": self.config.enrolment.authorization,
+                   "Content-Type": "application/octet-stream"}
+        with httpx.Client(timeout=60, headers=headers) as client:
+            while not self.stop.is_set():
+                with self._uploads_waiting:
+                    if not self._uploads:
+                        self._uploads_waiting.wait(0.5)
+                        continue
+                    key = next(iter(self._uploads))
+                    applied, data = self._uploads.pop(key)
+                run, first, last = key
                 try:
-                    response = httpx.put(
-                        self._replica_url(spec.run), content=data, timeout=60,
-                        params={"first": first, "last": last, "applied": applied},
-                        headers={"Authorization": self.config.enrolment.authorization,
-                                 "Content-Type": "application/octet-stream"})
+                    response = client.put(self._replica_url(run), content=data, params={
+                        "first": first, "last": last, "applied": applied})
                 except httpx.HTTPError as exc:
                     log.warning("replica of layers %s..%s to the server failed: %s",
                                 first, last, exc)
-                    return
+                    continue
                 if response.status_code >= 300:
                     log.warning("the server refused the replica of layers %s..%s: %s %s",
                                 first, last, response.status_code, response.text[:200])
-
-            threading.Thread(target=upload, name="replica-upload", daemon=True).start()
 
     def _on_weights(self, message: DataMessage) -> None:
         """On the data plane's receiver thread: keep a chain replica, or answer a fetch."""

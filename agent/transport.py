@@ -8,10 +8,12 @@ no larger than the configured limit; anything else is rejected with a reason and
 nothing.
 
 :class:`DataPlane` owns one PULL socket (this agent's inbox) on a receiver thread and PUSH
-sockets to its peers on a sender thread (ZeroMQ sockets are not thread-safe), so computing never
-waits for a transfer. Emulation for heterogeneous testbeds on one machine: ``bandwidth_bps`` and
-``latency_s`` shape what this agent sends (each message takes bytes / bandwidth + latency on a
-single outgoing line, as the cost model's transfers do).
+sockets to its peers, used under a lock (ZeroMQ sockets are not thread-safe). A send hands the
+message to ZeroMQ's I/O thread in the caller's thread, so computing never waits for a transfer;
+received messages are kept by (run, kind, micro-batch, name). Emulation for heterogeneous
+testbeds on one machine: ``bandwidth_bps`` and ``latency_s`` shape what this agent sends (each
+message takes bytes / bandwidth + latency on a single outgoing line, as the cost model's
+transfers do), on a sender thread that holds each message back that long.
 
 Links are measured over the data plane itself: :meth:`DataPlane.measure_link` sends ``probe``
 pings (named ``ping:<sender>``) that the peer's receiver answers at once with a one-byte
@@ -225,9 +227,17 @@ class DataPlane:
             self.inbox_socket.bind(bind)
             self.address = bind
         self._peers: dict[str, str] = {}
+        self.shaped = self.shaping.bandwidth_bps is not None or self.shaping.latency_s > 0
+        # the sockets to peers, used by one thread at a time (zmq sockets are not thread-safe)
+        self._sending = threading.Lock()
+        self._sockets: dict[str, tuple[str, zmq.Socket[bytes]]] = {}  # peer -> (address, socket)
+        self._free_at = 0.0  # when the shaped line is next free
         # messages to send; an Event is a flush marker, None stops the sender
         self._outgoing: queue.Queue[_Outgoing | threading.Event | None] = queue.Queue()
-        self._inbox: dict[tuple[str, int, str | None], Message] = {}
+        # by (run, kind, micro-batch, name): a late message of a run that ended (a halted
+        # generation's in-flight activation, arriving after the discard) must never be taken
+        # for the next run's; it was, and a stage got another model's activation
+        self._inbox: dict[tuple[int, str, int, str | None], Message] = {}
         self._inbox_changed = threading.Condition()
         self._stop = threading.Event()
         self.rejected = 0
@@ -241,20 +251,61 @@ class DataPlane:
     # ---- peers and sending
 
     def connect(self, peer: str, address: str) -> None:
-        """Send to ``peer`` at ``address`` from now on (the sender thread opens the socket)."""
+        """Send to ``peer`` at ``address`` from now on (the next send opens the socket)."""
         self._peers[peer] = address
 
     def send(self, peer: str, frames: list[bytes], *, wait: bool = False) -> None:
+        """Send ``frames`` to ``peer``. On an unshaped line the caller sends them itself;
+        a shaped one hands them to the sender thread, which holds each back as long as the
+        emulated line would (``wait``: return once sent)."""
         if peer not in self._peers:
             raise TransportError(f"no address for peer {peer!r}")
         item = _Outgoing(peer=peer, frames=frames, header=parse_header(frames[0]))
+        if not self.shaped:
+            # a hand-off to the sender thread cost a thread switch on every hop (up to the
+            # interpreter's switch interval while this thread went on computing): a 32 KB
+            # activation took 1.6 ms from send to arrival while a pipeline trained
+            with self._sending:
+                self._deliver(item)
+            return
         self._outgoing.put(item)
         if wait:
             item.done.wait()
 
+    def _socket(self, peer: str) -> zmq.Socket[bytes]:
+        """The socket to ``peer``'s current address (under ``_sending``)."""
+        address = self._peers[peer]
+        known = self._sockets.get(peer)
+        if known is not None and known[0] != address:
+            # the peer came back elsewhere (a restarted agent binds a new port): what is
+            # still queued for the old address is for a process that is gone
+            known[1].close(linger=0)
+            known = None
+        if known is None:
+            sock = self.context.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 2000)
+            sock.connect(address)
+            known = self._sockets[peer] = (address, sock)
+        return known[1]
+
+    def _deliver(self, item: _Outgoing) -> None:
+        """Send one message now, after the shaped line's delay (under ``_sending``)."""
+        sock = self._socket(item.peer)
+        nbytes = len(item.frames[1])
+        start = max(self.clock(), self._free_at)
+        deliver = start + self.shaping.delay_s(nbytes)
+        pause = deliver - self.clock()
+        if pause > 0:
+            time.sleep(pause)
+        sock.send_multipart(item.frames, copy=False)
+        self._free_at = deliver
+        end = self.clock()
+        if self.on_send is not None:
+            self.on_send(SendRecord(peer=item.peer, header=item.header, nbytes=nbytes,
+                                    start=start, end=end))
+        item.done.set()
+
     def _send_loop(self) -> None:
-        sockets: dict[str, tuple[str, zmq.Socket[bytes]]] = {}  # peer -> (address, socket)
-        free_at = 0.0
         while True:
             item = self._outgoing.get()
             if item is None:
@@ -262,34 +313,8 @@ class DataPlane:
             if isinstance(item, threading.Event):
                 item.set()
                 continue
-            address = self._peers[item.peer]
-            known = sockets.get(item.peer)
-            if known is not None and known[0] != address:
-                # the peer came back elsewhere (a restarted agent binds a new port): what is
-                # still queued for the old address is for a process that is gone
-                known[1].close(linger=0)
-                known = None
-            if known is None:
-                sock = self.context.socket(zmq.PUSH)
-                sock.setsockopt(zmq.LINGER, 2000)
-                sock.connect(address)
-                known = sockets[item.peer] = (address, sock)
-            sock = known[1]
-            nbytes = len(item.frames[1])
-            start = max(self.clock(), free_at)
-            deliver = start + self.shaping.delay_s(nbytes)
-            pause = deliver - self.clock()
-            if pause > 0:
-                time.sleep(pause)
-            sock.send_multipart(item.frames, copy=False)
-            free_at = deliver
-            end = self.clock()
-            if self.on_send is not None:
-                self.on_send(SendRecord(peer=item.peer, header=item.header, nbytes=nbytes,
-                                        start=start, end=end))
-            item.done.set()
-        for _, sock in sockets.values():
-            sock.close()
+            with self._sending:
+                self._deliver(item)
 
     # ---- receiving
 
@@ -323,7 +348,8 @@ class DataPlane:
                     if self.on_reject is not None:
                         self.on_reject(f"weights {name!r}: {exc}")
                 continue
-            key = (message.header.kind, message.header.microbatch, message.header.name)
+            key = (message.header.run, message.header.kind, message.header.microbatch,
+                   message.header.name)
             with self._inbox_changed:
                 self._inbox[key] = message
                 self._inbox_changed.notify_all()
@@ -347,7 +373,7 @@ class DataPlane:
             self.send(peer, encode(run=0, kind="probe", microbatch=token, version=0,
                                    tensor=torch.zeros(size, dtype=torch.uint8),
                                    name=f"ping:{self.identity}"))
-            self.receive("probe", token, name=f"pong:{peer}", timeout_s=wait_s)
+            self.receive(0, "probe", token, name=f"pong:{peer}", timeout_s=wait_s)
             return time.perf_counter() - started
 
         # the peer answers only once it knows this agent: the first ping may come too early
@@ -363,12 +389,12 @@ class DataPlane:
         bulk = round_trip(bulk_bytes)
         return bulk_bytes / max(bulk - shortest, 1e-6), shortest / 2
 
-    def receive(self, kind: str, microbatch: int, *, name: str | None = None,
+    def receive(self, run: int, kind: str, microbatch: int, *, name: str | None = None,
                 timeout_s: float | None = None,
                 cancelled: Callable[[], bool] | None = None) -> Message:
-        """Wait for the message ``(kind, microbatch, name)``; raises TimeoutError after
+        """Wait for the message ``(run, kind, microbatch, name)``; raises TimeoutError after
         ``timeout_s`` or when ``cancelled()`` turns true."""
-        key = (kind, microbatch, name)
+        key = (run, kind, microbatch, name)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._inbox_changed:
             while key not in self._inbox:
@@ -385,7 +411,7 @@ class DataPlane:
         """Drop every received message of ``run`` (a halted generation's in-flight batches);
         returns how many."""
         with self._inbox_changed:
-            stale = [k for k, m in self._inbox.items() if m.header.run == run]
+            stale = [k for k in self._inbox if k[0] == run]
             for key in stale:
                 del self._inbox[key]
         return len(stale)
@@ -405,5 +431,8 @@ class DataPlane:
         self._outgoing.put(None)
         self._sender.join(timeout=5)
         self._receiver.join(timeout=5)
+        with self._sending:
+            for _, sock in self._sockets.values():
+                sock.close()
         self.inbox_socket.close()
         self.context.term()

@@ -141,3 +141,42 @@ def test_a_silent_neighbour_fails_the_stage_with_a_clear_error() -> None:
     finally:
         plane.close()
         peer.close()
+
+
+def test_an_emulated_stage_paces_each_pass_by_its_layers_warm_times() -> None:
+    # the forward and backward are paced to the warm times of the stage's own layers; the
+    # update has none of its own (the profile counts it in the backward)
+    from orchestrator.formats import LayerTimes
+
+    net = build_model("mlp", input_shape=DIGITS.input_shape, num_classes=10)
+    warm = LayerTimes(forward_s=(1e-3, 2e-3, 4e-3, 8e-3), backward_s=(1e-4, 2e-4, 4e-4, 8e-4))
+    paced: list[float | None] = []
+
+    class Recorder:
+        def after(self, work_s: float, *, warm_s: float | None = None) -> None:
+            paced.append(warm_s)
+
+    def spec(stage: int, layers: tuple[int, int], devices: tuple[str, ...]) -> StageSpec:
+        return StageSpec(run=1, device=devices[stage], stage=stage, layers=layers, model="mlp",
+                         dataset="digits", batch_size=8, schedule="1f1b",
+                         stage_devices=tuple((d,) for d in devices),
+                         stage_times_s=tuple((1.0,) for _ in devices), microbatches=2)
+
+    plane = DataPlane(bind="tcp://127.0.0.1:0")
+    try:
+        middle = StageExecutor(spec(1, (1, 2), ("a", "b", "c")), module=net.stage(1, 2),
+                               plane=plane, clock=Clock(time.time()), slowdown=3.0, warm=warm)
+        assert middle.warm_s == pytest.approx({"forward": 6e-3, "backward": 6e-4,
+                                               "update": 0.0})
+        alone = StageExecutor(spec(0, (0, 3), ("a",)), module=net.stage(0, 3), plane=plane,
+                              clock=Clock(time.time()), dataset=DIGITS, slowdown=3.0, warm=warm)
+        alone.emulation = Recorder()  # type: ignore[assignment]
+        alone.run()
+        unpaced = StageExecutor(spec(0, (0, 3), ("a",)), module=net.stage(0, 3), plane=plane,
+                                clock=Clock(time.time()), dataset=DIGITS, slowdown=3.0)
+        unpaced.emulation = Recorder()  # type: ignore[assignment]
+        unpaced.run()
+    finally:
+        plane.close()
+    assert paced[:6] == pytest.approx([15e-3, 15e-4, 0.0] * 2)
+    assert paced[6:] == [None] * 6  # no warm times: each pass multiplied as it went

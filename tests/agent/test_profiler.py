@@ -66,3 +66,55 @@ def test_an_emulated_slowdown_settles_what_sleep_overshoots(
     assert now[0] == pytest.approx(1000 * 1e-4, abs=3e-4)  # not 1000 * 0.3 ms
     with pytest.raises(ValueError, match="at least 1"):
         Slowdown(0.5)
+
+
+def test_an_emulated_pass_takes_the_factor_times_the_warm_time_whatever_it_took(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from agent.emulation import CATCH_UP_S, Slowdown
+
+    # a cold pass that took 3x its warm time here is not made 3x slower on the device too:
+    # the device's pass takes factor x warm, and a pass with no warm time of its own (the
+    # update, counted in the backward's) shortens the next wait by what it took
+    now = [0.0]
+    waits: list[float] = []
+    monkeypatch.setattr("agent.emulation.time.perf_counter", lambda: now[0])
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        now[0] += seconds
+
+    monkeypatch.setattr("agent.emulation.time.sleep", sleep)
+    emulation = Slowdown(4.0)
+    emulation.after(3e-3, warm_s=1e-3)  # 4 ms on the device: 1 ms more
+    emulation.after(0.5e-3, warm_s=1e-3)  # 3.5 ms more
+    emulation.after(0.2e-3, warm_s=0.0)  # the update: nothing now, 0.2 ms less next time
+    emulation.after(1e-3, warm_s=2e-3)  # 8 ms on the device: 7 ms - 0.2 ms more
+    emulation.after(9e-3, warm_s=2e-3)  # overran by 1 ms: settled by the next wait
+    emulation.after(1e-3, warm_s=1e-3)
+    assert waits == pytest.approx([1e-3, 3.5e-3, 6.8e-3, 2e-3])
+    assert emulation.debt_s == pytest.approx(0.0)
+    # a long overrun (a cold first pass) is not made up by running the next passes unpaced:
+    # only CATCH_UP_S of it
+    waits.clear()
+    emulation.after(50e-3, warm_s=1e-3)
+    emulation.after(1e-3, warm_s=1e-3)
+    emulation.after(1e-3, warm_s=1e-3)
+    assert waits == pytest.approx([3e-3 - CATCH_UP_S, 3e-3])
+    waits.clear()
+    Slowdown(1.0).after(1e-3, warm_s=5e-3)  # this machine itself: no emulation
+    assert waits == []
+
+
+def test_the_profile_is_taken_warm_with_no_waits_between_sweeps(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the waits an emulated slowdown makes a pass cold; the profile scales warm times instead
+    monkeypatch.setattr("agent.emulation.time.sleep", lambda seconds: pytest.fail(
+        f"the profiler slept {seconds} s"))
+    model = build_model("mlp", input_shape=(1, 8, 8), num_classes=10)
+    profile = profile_model(model, batch_size=4, reference="ci", repeats=3, min_time_s=0.0,
+                            progress=False, slowdown=8.0)
+    from agent.profiler import warm_times
+
+    warm = warm_times(profile, slowdown=8.0)
+    assert [8 * t for t in warm.forward_s] == pytest.approx(
+        [la.forward_s for la in profile.layers])

@@ -113,6 +113,45 @@ def test_profiling_on_command_reports_progress_then_the_profile(runtime: AgentRu
     assert len(result["profile"]["layers"]) == 4
 
 
+def test_warm_times_outlive_the_agent_process(tmp_path: Path) -> None:
+    # an emulated device paces by the warm times its profile was taken with: a restarted agent
+    # must find them, not measure new ones that disagree with the profile the server plans by
+    from orchestrator.formats import LayerTimes
+
+    path = tmp_path / "edge.warm-times.json"
+    config = AgentConfig(enrolment=ENROLMENT, slowdown=4.0, warm_times_path=path)
+    first = AgentRuntime(config, stop=threading.Event())
+    try:
+        assert first.handle_command(command("profile", model="mlp", dataset="digits",
+                                            batch_size=8))["ok"]
+        deadline = time.monotonic() + 60
+        while ("mlp", "digits", 8) not in first.warm and time.monotonic() < deadline:
+            time.sleep(0.05)
+        kept = first.warm[("mlp", "digits", 8)]
+    finally:
+        first.close()
+    with first.lock:
+        result = next(m for m in first.outbox if m["type"] == "profile_result")
+    # what the server was told is the device's: 4x the warm times kept
+    assert [la["forward_s"] for la in result["profile"]["layers"]] == pytest.approx(
+        [4 * t for t in kept.forward_s])
+    second = AgentRuntime(config, stop=threading.Event())
+    try:
+        assert second.warm == {("mlp", "digits", 8): kept}
+        fresh = second._warm_times("mlp", "digits", 8)  # no measuring: the kept ones
+        assert fresh == kept
+    finally:
+        second.close()
+    path.write_text("{not json", encoding="utf-8")
+    third = AgentRuntime(config, stop=threading.Event())
+    try:
+        assert third.warm == {}  # measured again at the next deployment
+        assert isinstance(third._warm_times("mlp", "digits", 8), LayerTimes)
+        assert json.loads(path.read_text(encoding="utf-8"))[0]["model"] == "mlp"
+    finally:
+        third.close()
+
+
 def test_enrolment_file_is_private(tmp_path: Path) -> None:
     path = tmp_path / "state" / "agent.json"
     save_enrolment(path, ENROLMENT)

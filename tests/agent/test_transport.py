@@ -71,7 +71,7 @@ def test_plane_delivers_and_keeps_bad_messages_out() -> None:
         a.connect("b", b.address)
         tensor = torch.arange(12, dtype=torch.float32).reshape(3, 4)
         a.send("b", encode(run=1, kind="gradient", microbatch=3, version=2, tensor=tensor))
-        got = b.receive("gradient", 3, timeout_s=5)
+        got = b.receive(1, "gradient", 3, timeout_s=5)
         assert torch.equal(got.tensor, tensor)
         # a raw peer sending garbage: rejected, logged, nothing lands in the inbox
         raw = zmq.Context.instance().socket(zmq.PUSH)
@@ -84,7 +84,7 @@ def test_plane_delivers_and_keeps_bad_messages_out() -> None:
         raw.close()
         assert len(rejected) == 2 and b.rejected == 2 and b.pending() == 0
         with pytest.raises(TimeoutError, match="no activation for micro-batch 0"):
-            b.receive("activation", 0, timeout_s=0.2)
+            b.receive(1, "activation", 0, timeout_s=0.2)
         with pytest.raises(TransportError, match="no address for peer 'zz'"):
             a.send("zz", encode(run=1, kind="probe", microbatch=0, version=0,
                                 tensor=torch.zeros(1)))
@@ -101,7 +101,7 @@ def test_a_peer_that_comes_back_on_another_address_is_sent_to_there() -> None:
         a.connect("b", old.address)
         a.send("b", encode(run=1, kind="gradient", microbatch=0, version=0,
                            tensor=torch.ones(2)))
-        assert old.receive("gradient", 0, timeout_s=5).tensor.sum().item() == 2
+        assert old.receive(1, "gradient", 0, timeout_s=5).tensor.sum().item() == 2
     finally:
         old.close()
     new = DataPlane(bind="tcp://127.0.0.1:0")
@@ -109,10 +109,35 @@ def test_a_peer_that_comes_back_on_another_address_is_sent_to_there() -> None:
         a.connect("b", new.address)
         a.send("b", encode(run=1, kind="gradient", microbatch=1, version=0,
                            tensor=torch.ones(3)))
-        assert new.receive("gradient", 1, timeout_s=5).tensor.sum().item() == 3
+        assert new.receive(1, "gradient", 1, timeout_s=5).tensor.sum().item() == 3
     finally:
         a.close()
         new.close()
+
+
+def test_a_late_message_of_another_run_is_never_taken_for_this_runs() -> None:
+    # a halted generation's activation that arrives after its run's discard stays in the
+    # inbox; the next run, on the same generation tag and micro-batch, must not receive it
+    # (a stage got another model's [32, 128] activation for its convolution)
+    a = DataPlane(bind="tcp://127.0.0.1:0")
+    b = DataPlane(bind="tcp://127.0.0.1:0")
+    try:
+        a.connect("b", b.address)
+        stale, fresh = torch.zeros(32, 128), torch.ones(32, 16, 4, 4)
+        a.send("b", encode(run=6, kind="activation", microbatch=86, version=0, tensor=stale,
+                           name="g0"))
+        assert a.flush(timeout_s=5)
+        deadline = time.monotonic() + 5
+        while b.pending() < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        a.send("b", encode(run=7, kind="activation", microbatch=86, version=0, tensor=fresh,
+                           name="g0"))
+        got = b.receive(7, "activation", 86, name="g0", timeout_s=5)
+        assert torch.equal(got.tensor, fresh) and got.header.run == 7
+        assert b.discard(6) == 1 and b.pending() == 0
+    finally:
+        a.close()
+        b.close()
 
 
 def test_shaping_emulates_a_slow_link() -> None:
@@ -128,7 +153,7 @@ def test_shaping_emulates_a_slow_link() -> None:
         for m in range(3):
             a.send("b", encode(run=1, kind="activation", microbatch=m, version=0, tensor=tensor))
         for m in range(3):
-            b.receive("activation", m, timeout_s=5)
+            b.receive(1, "activation", m, timeout_s=5)
         elapsed = time.monotonic() - started
         assert 0.27 <= elapsed <= 1.5  # three serialised transfers of 0.1 s each
         assert a.flush(timeout_s=5)
