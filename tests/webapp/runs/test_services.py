@@ -485,3 +485,16 @@ def test_stored_timeline_events_read_back_as_the_records_sent_live():
     rows = TimelineEvent.objects.filter(run=run).order_by("start")
     assert [selectors.timeline_json(r) for r in rows] == [e.to_json() for e in stored]
     assert services.timeline_events_store(run=run, records=[]) == []
+
+
+def test_stored_metric_points_read_back_as_the_points_sent_live():
+    # metric points too bypass the ORM; the run page's snapshot reads them with it
+    run = RunFactory(state=Run.State.RUNNING)
+    points = [{"at": 0.5, "kind": "loss", "value": 2.25},
+              {"at": 0.75, "kind": "accuracy", "device": "dev-2", "value": 0.125},
+              {"at": 1.0, "kind": "throughput_sps", "device": None, "value": 4096.0}]
+    stored = services.metric_points_store(run=run, points=points)
+    rows = MetricPoint.objects.filter(run=run).order_by("at")
+    assert [selectors.metric_json(r) for r in rows] == stored
+    assert [r.run_id for r in rows] == [run.pk] * 3 and rows[2].device == ""
+    assert services.metric_points_store(run=run, points=[]) == []
