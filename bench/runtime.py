@@ -1,6 +1,7 @@
 """Benchmark of the pipeline runtime: real agents training real models on this machine.
 
-    .venv/bin/python bench/runtime.py [--batches N] [--models mlp,vgg5]
+    .venv/bin/python bench/runtime.py [--batches N] [--models mlp,vgg5] [--batch-size N]
+                                     [--no-replication]
 
 Starts the web server, a Celery worker and three agent processes (one emulating a device 4x
 slower than the others), then, for each model on scikit-learn's digits, trains one run per plan
@@ -10,11 +11,14 @@ the same with the slow agent 10x slower: the heterogeneity-aware FTPipeHD plan a
 uniform one (FTPipeHD reports 6.8x over PipeDream in that setting).
 
 The emulated devices share this machine's processors with the server, so every agent runs at
-least BASE_SLOWDOWN times slower than the machine: each then needs at most half a core, and
-three of them do not fight over two cores, as three real devices would not (with the fast
-agents at full speed on 2 cores, pipelines reached 0.34-0.58 of the simulator's prediction).
-Prints a table per testbed and, last, one JSON line. Runs on the embedded default, in a fresh
-var directory whose path it prints (the processes' logs are in its demo/logs/).
+least BASE_SLOWDOWN times slower than the machine (edge devices are slower than it still): each
+then computes at most a quarter of the time, and three of them do not fight over two cores,
+as three real devices would not (with the fast agents at full speed on 2 cores, pipelines
+reached 0.34-0.58 of the simulator's prediction). Runs train with the run defaults: chain
+replicas every 2 batches, global ones every 10 (``--no-replication``: neither), no dynamic
+re-partition (the prediction is for the plan the run starts with). Prints a table per testbed
+and, last, one JSON line. Runs on the embedded default, in a fresh var directory whose path it
+prints (the processes' logs are in its demo/logs/).
 """
 
 from __future__ import annotations
@@ -33,9 +37,11 @@ from bench.testbed import setup_django  # noqa: E402  (the path above makes it i
 
 
 def train(testbed: Any, spec: int, devices: list[dict[str, Any]], algorithm: str, *,
-          batches: int, label: str) -> dict[str, Any]:
+          batches: int, label: str, replicate: bool) -> dict[str, Any]:
+    off = None if replicate else 0
     compared = testbed.plan(spec, devices=devices, algorithms=[algorithm], schedule="1f1b",
-                            name=f"bench: {label}", microbatches=8, batches=batches)
+                            name=f"bench: {label}", microbatches=8, batches=batches,
+                            chain_every=off, global_every=off, repartition_every=0)
     from webapp.demo.scenario import chosen_plan
 
     row = chosen_plan(compared, algorithm)
@@ -47,14 +53,15 @@ def train(testbed: Any, spec: int, devices: list[dict[str, Any]], algorithm: str
     return summary
 
 
-BASE_SLOWDOWN = 2.0
+BASE_SLOWDOWN = 4.0
 
 
 DEFAULT_BATCHES = {"mlp": 150, "vgg5": 40}
 
 
 def testbed_section(*, slowdown: float, port: int, models: list[str], batches: int | None,
-                    algorithms: list[str], single: bool) -> dict[str, Any]:
+                    algorithms: list[str], single: bool, replicate: bool,
+                    batch_size: int) -> dict[str, Any]:
     from webapp.demo.scenario import DemoAgent, LocalTestbed
 
     agents = [DemoAgent("rt-fast-a", slowdown=BASE_SLOWDOWN),
@@ -63,7 +70,8 @@ def testbed_section(*, slowdown: float, port: int, models: list[str], batches: i
     out: dict[str, Any] = {}
     counts = {m: batches or DEFAULT_BATCHES.get(m, 40) for m in models}
     print(f"\nThree agents, one {slowdown:g}x slower (on digits, 1F1B, batches of 8 "
-          f"micro-batches of 32: " + ", ".join(f"{m} {n}" for m, n in counts.items()) + ")")
+          f"micro-batches of {batch_size}: "
+          + ", ".join(f"{m} {n}" for m, n in counts.items()) + ")")
     header = (f"{'model':6} {'plan':10} {'stages':>6} {'measured sps':>12} "
               f"{'simulated sps':>13} {'ratio':>6} {'period sps':>10}")
     print(header)
@@ -72,13 +80,14 @@ def testbed_section(*, slowdown: float, port: int, models: list[str], batches: i
                       ) as testbed:
         testbed.measure_links()
         for model in models:
-            spec = testbed.model_spec(model=model, dataset="digits", batch_size=32)
+            spec = testbed.model_spec(model=model, dataset="digits", batch_size=batch_size)
             runs = [(a, testbed.devices) for a in algorithms]
             if single:
                 runs.append(("alone", testbed.devices[:1]))
             for name, devices in runs:
                 summary = train(testbed, spec, devices, "uniform" if name == "alone" else name,
-                                batches=counts[model], label=f"{model} {name}")
+                                batches=counts[model], label=f"{model} {name}",
+                                replicate=replicate)
                 measured = summary["throughput_steady_sps"]
                 simulated = summary["throughput_steady_predicted_sps"]
                 out[f"{model}/{name}"] = {
@@ -101,16 +110,23 @@ def main() -> None:
                              "mostly noise)")
     parser.add_argument("--models", default="mlp,vgg5")
     parser.add_argument("--port", type=int, default=8791)
+    parser.add_argument("--batch-size", type=int, default=32, metavar="N",
+                        help="samples per micro-batch (default 32)")
+    parser.add_argument("--no-replication", dest="replicate", action="store_false",
+                        help="train without fault-tolerance replicas (chain_every and "
+                             "global_every 0), to see what replication costs")
     args = parser.parse_args()
     models = [m for m in args.models.split(",") if m]
     var_dir = tempfile.mkdtemp(prefix="edgepipe-bench-")
     print(f"state and logs in {var_dir}", file=sys.stderr)
     setup_django(var_dir)
     four = testbed_section(slowdown=4.0, port=args.port, models=models, batches=args.batches,
-                           algorithms=["uniform", "ftpipehd", "optimal"], single=True)
+                           algorithms=["uniform", "ftpipehd", "optimal"], single=True,
+                           replicate=args.replicate, batch_size=args.batch_size)
     ten = testbed_section(slowdown=10.0, port=args.port + 1, models=models,
                           batches=args.batches, algorithms=["uniform", "ftpipehd"],
-                          single=False)
+                          single=False, replicate=args.replicate,
+                          batch_size=args.batch_size)
     ratios = [r["ratio"] for r in (*four.values(), *ten.values()) if r["ratio"]]
     speedups = {m: ten[f"{m}/ftpipehd"]["measured_sps"] / ten[f"{m}/uniform"]["measured_sps"]
                 for m in models}

@@ -221,15 +221,20 @@ class LocalTestbed:
 
     def plan(self, spec: int, *, devices: Sequence[dict[str, Any]], name: str,
              algorithms: Sequence[str], schedule: str, microbatches: int,
-             batches: int, repartition_every: int | None = None) -> dict[str, Any]:
+             batches: int, repartition_every: int | None = None,
+             chain_every: int | None = None, global_every: int | None = None
+             ) -> dict[str, Any]:
         """Create a run and plan it with every algorithm; returns the plans' comparison.
-        ``repartition_every`` (batches; 0: off) overrides the run's default."""
+        ``repartition_every``, ``chain_every`` and ``global_every`` (batches; 0: off) override
+        the run's defaults."""
         payload: dict[str, Any] = {
             "name": name, "model_spec": spec, "devices": [d["id"] for d in devices],
             "algorithms": list(algorithms), "schedule": schedule,
             "microbatches": microbatches, "batches": batches, "epochs": 1}
-        if repartition_every is not None:
-            payload["repartition_every"] = repartition_every
+        for setting, value in (("repartition_every", repartition_every),
+                               ("chain_every", chain_every), ("global_every", global_every)):
+            if value is not None:
+                payload[setting] = value
         run = self.api.post("/api/runs/", payload)
         self.api.post(f"/api/runs/{run['id']}/plan/")
         planned = self.wait_state(run["id"], (Run.State.PLANNED, Run.State.FAILED), 300)
