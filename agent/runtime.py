@@ -136,8 +136,9 @@ class AgentRuntime:
         self.deployments: dict[int, Deployment] = {}
         self.datasets: dict[str, Dataset] = {}
         self.stores: dict[int, WeightStore] = {}  # per run, across generations
-        # global replicas waiting for the uploader: (run, first, last) -> (applied, bytes)
-        self._uploads: dict[tuple[int, int, int], tuple[int, bytes]] = {}
+        # global replicas waiting for the uploader, oldest first: (run, first, last, applied,
+        # bytes); every one is sent (a recovery may need any of the two newest of each stage)
+        self._uploads: deque[tuple[int, int, int, int, bytes]] = deque()
         self._uploads_waiting = threading.Condition()
         self._uploader: threading.Thread | None = None
         self._tokens = itertools.count(1)
@@ -163,6 +164,7 @@ class AgentRuntime:
         # this machine's warm per-layer times by (model, data set, batch size): kept from each
         # profile (in memory and in config.warm_times_path), measured at deployment when
         # missing; an emulated slowdown paces by them
+        self._warm_lock = threading.Lock()
         self.warm: dict[tuple[str, str, int], LayerTimes] = self._load_warm_times()
 
     def spawn(self, target: Callable[[], None], name: str) -> threading.Thread:
@@ -322,18 +324,20 @@ class AgentRuntime:
             return {}
 
     def _keep_warm_times(self, key: tuple[str, str, int], times: LayerTimes) -> None:
-        self.warm[key] = times
-        path = self.config.warm_times_path
-        if path is None:
-            return
-        document = [{"model": m, "dataset": d, "batch_size": b, **t.to_json()}
-                    for (m, d, b), t in self.warm.items()]
-        try:
-            partial = path.with_suffix(".partial")
-            partial.write_text(json.dumps(document), encoding="utf-8")
-            partial.replace(path)
-        except OSError as exc:
-            log.warning("could not keep the warm layer times in %s: %s", path, exc)
+        """Keep a model spec's warm times (a profile's thread and a deployment may both)."""
+        with self._warm_lock:
+            self.warm[key] = times
+            path = self.config.warm_times_path
+            if path is None:
+                return
+            document = [{"model": m, "dataset": d, "batch_size": b, **t.to_json()}
+                        for (m, d, b), t in self.warm.items()]
+            try:
+                partial = path.with_suffix(".partial")
+                partial.write_text(json.dumps(document), encoding="utf-8")
+                partial.replace(path)
+            except OSError as exc:
+                log.warning("could not keep the warm layer times in %s: %s", path, exc)
 
     def _warm_times(self, model: str, dataset: str, batch_size: int) -> LayerTimes:
         """This machine's warm per-layer times for a model spec: kept from its profile, or
@@ -502,9 +506,7 @@ class AgentRuntime:
                                               name=f"replica:{first}-{last}"))
         if central:
             with self._uploads_waiting:
-                # a newer replica of the same layers supersedes one not yet sent
-                self._uploads.pop((spec.run, first, last), None)
-                self._uploads[(spec.run, first, last)] = (applied, data)
+                self._uploads.append((spec.run, first, last, applied, data))
                 self._uploads_waiting.notify()
                 if self._uploader is None:
                     self._uploader = threading.Thread(target=self._upload_loop,
@@ -512,9 +514,9 @@ class AgentRuntime:
                     self._uploader.start()
 
     def _upload_loop(self) -> None:
-        """Send the global replicas to the server, oldest first, over one connection (a
-        thread and a connection per replica took a tenth of a core of the agents' machine
-        when a fast pipeline replicated a few times a second)."""
+        """Send the global replicas to the server, oldest first, over one connection
+        (instead of a thread and a TCP connection per replica, which a fast pipeline made a
+        few times a second)."""
         headers = {"Authorization": self.config.enrolment.authorization,
                    "Content-Type": "application/octet-stream"}
         with httpx.Client(timeout=60, headers=headers) as client:
@@ -523,9 +525,7 @@ class AgentRuntime:
                     if not self._uploads:
                         self._uploads_waiting.wait(0.5)
                         continue
-                    key = next(iter(self._uploads))
-                    applied, data = self._uploads.pop(key)
-                run, first, last = key
+                    run, first, last, applied, data = self._uploads.popleft()
                 try:
                     response = client.put(self._replica_url(run), content=data, params={
                         "first": first, "last": last, "applied": applied})
