@@ -268,8 +268,11 @@ def _replan(run: Run) -> Run:
                           f"{', '.join(recovery['lost'])})")
     try:
         profile, all_devices, cm = _next_generation_inputs(run, candidates)
-        algorithm = RECOVERY_PLANNER
-        if run.recovery_policy == "respipe":  # the baseline: no re-plan
+        # a dynamic re-partition deploys the plan its break-even was judged on (it deployed
+        # the optimal planner's, another plan, which the decision had not priced)
+        dynamic = recovery.get("cause") == "dynamic"
+        algorithm = _dynamic_planner(run) if dynamic else RECOVERY_PLANNER
+        if run.recovery_policy == "respipe" and not dynamic:  # the baseline: no re-plan
             old = parse_plan(recovery["plan"], profile=profile, devices=all_devices,
                              file="the current plan")
             plan = successor_takes_over(cm, old, recovery["lost"], schedule=run.schedule,

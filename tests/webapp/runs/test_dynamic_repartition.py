@@ -9,23 +9,23 @@ from orchestrator.events import TimelineEvent as TimelineRecord
 from tests.webapp.factories import DeviceFactory, LayerProfileFactory, ModelSpecFactory, RunFactory
 from webapp.devices.models import Device
 from webapp.runs import recovery, services
-from webapp.runs.models import FaultEvent, Run, RunDevice
+from webapp.runs.models import FaultEvent, Generation, Run, RunDevice
 
 pytestmark = pytest.mark.django_db(transaction=True)  # planning runs on commit
 
 MICROBATCHES = 4
 
 
-def running_run(*, batches: int = 500) -> Run:
-    """A run of three devices profiled alike, started with the optimal plan (the plan a
-    re-partition compares with: three stages); every agent acked its stage."""
+def running_run(*, batches: int = 500, algorithm: str = "optimal") -> Run:
+    """A run of three devices profiled alike, started with the ``algorithm``'s plan (the
+    plan a re-partition compares with: three stages); every agent acked its stage."""
     spec = ModelSpecFactory()
     devices = [DeviceFactory(status=Device.Status.ONLINE) for _ in range(3)]
     for k, device in enumerate(devices):
         device.control_channel = f"channel-{k}"
         device.save()
         LayerProfileFactory(device=device, model_spec=spec)
-    run = RunFactory(model_spec=spec, devices=devices, algorithms=["optimal"],
+    run = RunFactory(model_spec=spec, devices=devices, algorithms=[algorithm],
                      microbatches=MICROBATCHES, batches=batches)
     services.run_plan(run=run)
     run.refresh_from_db()
@@ -75,6 +75,34 @@ def test_a_slowed_down_device_makes_the_cuts_move_when_it_pays() -> None:
     # every device halts for the move (and reports what it holds)
     assert set(RunDevice.objects.filter(run=run).values_list("stage_state", flat=True)) == {
         "halting"}
+
+
+def test_a_move_deploys_the_plan_its_break_even_was_judged_on() -> None:
+    # the decision prices the run's own planner's plan (ftpipehd's here): once every device
+    # has halted, that planner's plan is deployed, not the optimal planner's a failure uses
+    run = running_run(algorithm="ftpipehd")
+    train(run, slower={1: 20.0})
+    moved = recovery.run_repartition_check(run_id=run.pk, progress=64)
+    assert moved is not None and moved.state == Run.State.RECOVERING
+    before = moved.recovery["plan"]
+    for rd in RunDevice.objects.filter(run=run).select_related("device"):
+        stage = next(s for s in before["stages"] if rd.device.uid in s["devices"])
+        moved = recovery.run_stage_halted(
+            run=moved, device=rd.device, generation=1,
+            holdings=[{"layers": stage["layers"], "applied": 64, "kind": "own"}])
+    generation = Generation.objects.get(run=run, number=1)
+    assert generation.planner == "ftpipehd" and generation.cause == "dynamic"
+    assert generation.plan["algorithm"] == "ftpipehd"
+    # ftpipehd keeps every device, in order (the optimal planner dropped the slow one), and
+    # moves the cuts, none of them onto the slow device
+    stages = generation.plan["stages"]
+    assert [s["devices"] for s in stages] == [s["devices"] for s in before["stages"]]
+    assert [s["layers"] for s in stages] != [s["layers"] for s in before["stages"]]
+
+    def width(stage: dict) -> int:
+        return int(stage["layers"][1] - stage["layers"][0])
+
+    assert width(stages[1]) <= width(before["stages"][1])
 
 
 def test_a_move_that_does_not_pay_is_only_reported_with_its_break_even() -> None:
