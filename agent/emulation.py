@@ -7,9 +7,10 @@ after work that took t seconds, wait X warm - t more. Waiting the emulated time 
 pass cold: on a shared virtual machine a layer that took 73 us back to back took 92 us after a
 2 ms sleep and 309 us after a 10 ms one (caches refilled). Pacing to X (t) instead, as
 EdgePipe did first, multiplied that penalty by X too: an agent asked to be 10x slower than its
-neighbours ran the MLP's first layer 43x slower, and a pipeline ran at 0.55-0.8 of what its own
-profile predicted. A pass whose warm time is not known (the update, whose cost the profile
-counts in the backward) waits nothing and shortens the next wait by what it took.
+neighbours ran the MLP's first layer 43x slower, and VGG-5 on FTPipeHD's plan with such a
+device trained at 1,607 samples/s where paced agents train at 4,049. A pass whose warm time is
+not known (the update, whose cost the profile counts in the backward) waits nothing and
+shortens the next wait by what it took.
 
 ``time.sleep`` wakes 50-200 us late (timer slack, the interpreter lock): that is kept as a debt
 and settled by the next waits, so that over a run the device is as slow as asked. A pass that
