@@ -62,7 +62,14 @@ def estimate_capacities(cm: CostModel, plan: Plan, *, measured_s: Mapping[str, f
     if not 0 < smoothing <= 1:
         raise ValueError(f"smoothing must be in (0, 1], got {smoothing!r}")
     ratios = capacity_ratios(cm, plan, measured_s=measured_s)
-    devices = tuple(
-        _scaled(d, (1 - smoothing) + smoothing * ratios[d.id]) if d.id in ratios else d
-        for d in cm.devices.devices)
-    return DeviceSet(devices=devices, links=cm.devices.links, file=cm.devices.file)
+    return apply_capacities(cm.devices, {
+        d: (1 - smoothing) + smoothing * r for d, r in ratios.items()})
+
+
+def apply_capacities(devices: DeviceSet, ratios: Mapping[str, float]) -> DeviceSet:
+    """The device set with each device in ``ratios`` running that many times faster (its
+    speed multiplied, its layer times divided); the others as they are."""
+    return DeviceSet(
+        devices=tuple(_scaled(d, ratios[d.id]) if d.id in ratios else d
+                      for d in devices.devices),
+        links=devices.links, file=devices.file)

@@ -1,11 +1,13 @@
 """The dynamic re-partition with real processes: `manage.py demo --headless --slow-agent-at`
-slows an agent's device down 200x while it trains (as a device heating up); the server sees it in
-the measured stage times and moves layers away from it, because it pays. (200x: the demo's fast
-device holds the MLP's first two layers, well under a millisecond a pass warm; 30x slower it is
-still faster than the demo's slow link, the bottleneck, and nothing would pay; 60x paid only
-just, 1.7 s saved for 1.2 s of moving, and not in every run. The optimal planner's plan: a
+slows the device of the plan's middle stage down 200x while it trains (as a device heating up);
+the server sees it in the measured stage times and moves layers away from it, because it pays.
+
+200x: the MLP's layers take well under a millisecond a pass warm; 30x slower the demo's fast
+device was still faster than its slow link, the bottleneck, and nothing would pay, and 60x paid
+only just (1.7 s saved for 1.2 s of moving), not in every run. The optimal planner: a
 re-partition re-runs the run's planner, and FTPipeHD's, which keeps every device, cannot take
-anything from a device its first plan gave one layer, as it sometimes did.)"""
+anything from a device its first plan gave one layer. The device slowed is the plan's (the
+demo's default): the optimal plan is sometimes one stage on one device, sometimes two."""
 
 from __future__ import annotations
 
@@ -28,8 +30,8 @@ def test_a_device_that_slows_down_loses_layers_to_the_others(tmp_path: Path) -> 
     result = subprocess.run(
         [sys.executable, "manage.py", "demo", "--headless", "--port", str(free_port()),
          "--model", "mlp", "--dataset", "digits", "--plan", "optimal", "--microbatches", "8",
-         "--batches", "120", "--repartition-every", "5", "--slow-agent-at", "1",
-         "--slow-agent", "demo-fast", "--slow-to", "200"],
+         "--batches", "400", "--repartition-every", "5", "--slow-agent-at", "0.5",
+         "--slow-to", "200"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
                      for p in sorted((tmp_path / "demo" / "logs").glob("*.log")))
@@ -37,7 +39,6 @@ def test_a_device_that_slows_down_loses_layers_to_the_others(tmp_path: Path) -> 
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["state"] == "finished"
     with sqlite3.connect(tmp_path / "db.sqlite3") as db:
-        uid = db.execute("SELECT uid FROM devices_device WHERE name = 'demo-fast'").fetchone()[0]
         moves = [json.loads(d) for (d,) in db.execute(
             "SELECT detail FROM runs_faultevent WHERE run_id = ? AND kind = 'repartitioned' "
             "ORDER BY at", (summary["run"],))]
@@ -46,7 +47,9 @@ def test_a_device_that_slows_down_loses_layers_to_the_others(tmp_path: Path) -> 
             (summary["run"],))]
         checks = db.execute("SELECT at, kind, detail FROM runs_faultevent WHERE run_id = ? "
                             "ORDER BY at", (summary["run"],)).fetchall()
-    assert moves, f"no move: {checks}\n{logs}"
+    first = plans[0]["stages"]
+    uid = first[len(first) // 2]["devices"][0]  # the device slowed down
+    assert moves, f"no move: {checks}\n{first}\n{logs}"
     assert all(m["cause"] == "dynamic" and m["saved_s"] > m["cost_s"] for m in moves), moves
 
     def layers_of(plan: dict) -> int:

@@ -27,7 +27,7 @@ from typing import Any
 from django.conf import settings
 from django.db import close_old_connections, transaction
 
-from orchestrator.capacity import estimate_capacities
+from orchestrator.capacity import apply_capacities, capacity_ratios
 from orchestrator.cost import CostModel, build_cost_model
 from orchestrator.errors import FormatError, PlanningError
 from orchestrator.formats import DeviceSet, ModelProfile, parse_plan
@@ -97,11 +97,15 @@ def measured_stage_s(*, run: Run, since_s: float) -> dict[str, float]:
     return out
 
 
-def _planning_devices(run: Run, profile: ModelProfile, devices: DeviceSet) -> DeviceSet:
-    """The run's devices with speeds re-estimated from the current generation's measured
-    stage times (FTPipeHD's capacity estimation); as profiled when nothing was measured."""
+def _capacities(run: Run, profile: ModelProfile, devices: DeviceSet) -> dict[str, float]:
+    """Each device's capacity over its profile (FTPipeHD's estimate, > 1: faster than
+    profiled): measured in the current generation, else as last measured in an earlier one
+    (kept in the recovery as ``capacity``). Without that memory a device a re-partition had
+    left out went back to its profile, and a device slowed 200x was planned back in: four
+    moves in one run, alternating between two plans."""
+    ratios = {d: float(r) for d, r in (run.recovery.get("capacity") or {}).items()}
     if run.chosen_plan is None or not run.recovery.get("plan"):
-        return devices
+        return ratios
     try:
         cm = build_cost_model(profile, devices)
         current = parse_plan(run.recovery["plan"], profile=profile, devices=devices,
@@ -111,10 +115,27 @@ def _planning_devices(run: Run, profile: ModelProfile, devices: DeviceSet) -> De
         # the device's fixed overhead per micro-batch (formats.Device.overhead_s)
         measured = {d: t + float(cm.overhead_s[cm.index(d)]) for d, t in compute.items()
                     if d in current.device_ids}
-        return estimate_capacities(cm, current, measured_s=measured) if measured else devices
+        ratios.update(capacity_ratios(cm, current, measured_s=measured))
     except (PlanningError, FormatError, ValueError) as exc:
         log.warning("run %s: capacities not re-estimated: %s", run.pk, exc)
-        return devices
+    return ratios
+
+
+def _kept_capacities(run: Run) -> dict[str, float]:
+    """The capacities to carry into the next generation, as its recovery begins."""
+    try:
+        return _capacities(run, *run_planning_inputs(run=run))
+    except (PlanningError, FormatError, ValueError) as exc:
+        log.warning("run %s: capacities not kept: %s", run.pk, exc)
+        return dict(run.recovery.get("capacity") or {})
+
+
+def _planning_devices(run: Run, profile: ModelProfile, devices: DeviceSet) -> DeviceSet:
+    """The run's devices with speeds re-estimated from their measured stage times (FTPipeHD's
+    capacity estimation); as profiled when nothing was measured."""
+    ratios = {d: r for d, r in _capacities(run, profile, devices).items()
+              if d in devices.ids}
+    return apply_capacities(devices, ratios) if ratios else devices
 
 
 def _next_generation_inputs(run: Run, candidates: Sequence[RunDevice]
@@ -179,7 +200,8 @@ def _lose(run: Run, lost: Sequence[RunDevice], *, reason: str, detected_by: str,
                     "plan": recovery.get("plan"), "since_s": recovery.get("since_s", 0.0),
                     "restart_s": recovery.get("restart_s"), "cause": cause,
                     "decision": decision or {},
-                    "next_check": recovery.get("next_check")}
+                    "next_check": recovery.get("next_check"),
+                    "capacity": _kept_capacities(run)}
     else:
         recovery["cause"] = "failure"
     for rd in lost:
@@ -370,7 +392,8 @@ def recovery_ready(run: Run) -> Run:
     Generation.objects.filter(run=run, number=generation).update(resumed_at=resumed_at)
     run.generation = generation
     run.recovery = {"plan": recovery.get("next_plan"), "since_s": resumed_at,
-                    "restart_s": recovery_s, "next_check": recovery.get("next_check")}
+                    "restart_s": recovery_s, "next_check": recovery.get("next_check"),
+                    "capacity": recovery.get("capacity") or {}}
     running = _transition(run, RunState.RUNNING, action="resume after recovery")
     _control_event(running, "recovered", detail={
         "generation": generation, "recovery_s": round(recovery_s, 4),

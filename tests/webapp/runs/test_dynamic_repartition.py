@@ -127,3 +127,26 @@ def test_devices_as_fast_as_profiled_keep_their_plan_and_the_next_check_waits() 
     # the next check comes repartition_every batches later
     assert run.recovery["next_check"] == 64 + run.repartition_every * MICROBATCHES
     assert recovery.run_repartition_check(run_id=run.pk, progress=100) is None
+
+
+def test_a_device_left_out_keeps_its_measured_capacity() -> None:
+    # the generation after a move has no stage times of a device it left out: the capacity
+    # measured before stays with it, so the next re-plan does not take it back at its profile
+    run = running_run()
+    slow = run.recovery["plan"]["stages"][1]["devices"][0]
+    train(run, slower={1: 20.0})
+    moved = recovery.run_repartition_check(run_id=run.pk, progress=64)
+    assert moved is not None
+    kept = moved.recovery["capacity"]
+    assert kept[slow] == pytest.approx(1 / 20, rel=0.05)
+    assert all(r == pytest.approx(1.0, rel=0.05) for d, r in kept.items() if d != slow)
+    # as the next generation runs, on the others only, with nothing measured yet
+    others = [s for s in moved.recovery["plan"]["stages"] if slow not in s["devices"]]
+    moved.recovery = {"plan": {**moved.recovery["plan"], "stages": others},
+                      "since_s": 1e9, "capacity": kept}
+    profile, devices = recovery.run_planning_inputs(run=moved)
+    planned = recovery._planning_devices(moved, profile, devices)
+    before = {d.id: d for d in devices.devices}
+    for device in planned.devices:
+        factor = 1 / 20 if device.id == slow else 1.0
+        assert device.speed == pytest.approx(before[device.id].speed * factor, rel=0.05)
