@@ -71,7 +71,7 @@ from agent.weights import (
 )
 from agent.zoo import build_model
 from orchestrator.events import TimelineEvent
-from orchestrator.formats import LayerTimes
+from orchestrator.formats import LayerTimes, parse_layer_times
 
 log = logging.getLogger("edgepipe.agent")
 
@@ -315,11 +315,9 @@ class AgentRuntime:
             return {}
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
-            return {(str(e["model"]), str(e["dataset"]), int(e["batch_size"])): LayerTimes(
-                        forward_s=tuple(float(t) for t in e["forward_s"]),
-                        backward_s=tuple(float(t) for t in e["backward_s"]))
-                    for e in raw}
-        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            return {(str(e["model"]), str(e["dataset"]), int(e["batch_size"])):
+                    parse_layer_times(e["layer_times"], file=str(path)) for e in raw}
+        except (OSError, ValueError, TypeError, KeyError) as exc:
             log.warning("%s: not warm layer times (%s); measuring them again", path, exc)
             return {}
 
@@ -330,7 +328,8 @@ class AgentRuntime:
             path = self.config.warm_times_path
             if path is None:
                 return
-            document = [{"model": m, "dataset": d, "batch_size": b, **t.to_json()}
+            document = [{"model": m, "dataset": d, "batch_size": b,
+                         "layer_times": t.to_json()}
                         for (m, d, b), t in self.warm.items()]
             try:
                 partial = path.with_suffix(".partial")

@@ -284,6 +284,12 @@ def _parse_layer_times(raw: Any, at: At) -> LayerTimes:
     return LayerTimes(forward_s=columns[0], backward_s=columns[1])
 
 
+def parse_layer_times(raw: Any, *, file: str = "<input>") -> LayerTimes:
+    """Validate a device's measured per-layer times (``{forward_s: [...], backward_s:
+    [...]}``, as a device's ``layer_times``)."""
+    return _parse_layer_times(raw, At(file))
+
+
 def _parse_device(raw: Any, at: At) -> Device:
     obj = expect_object(raw, at, _DEVICE_REQUIRED, _DEVICE_OPTIONAL)
     resources = (_parse_resources(obj["resources"], at.key("resources"))

@@ -150,6 +150,14 @@ def test_warm_times_outlive_the_agent_process(tmp_path: Path) -> None:
         assert json.loads(path.read_text(encoding="utf-8"))[0]["model"] == "mlp"
     finally:
         third.close()
+    document = json.loads(path.read_text(encoding="utf-8"))
+    document[0]["layer_times"]["forward_s"][0] = -1.0  # validated as a device's layer_times
+    path.write_text(json.dumps(document), encoding="utf-8")
+    fourth = AgentRuntime(config, stop=threading.Event())
+    try:
+        assert fourth.warm == {}
+    finally:
+        fourth.close()
 
 
 def test_enrolment_file_is_private(tmp_path: Path) -> None:
