@@ -173,6 +173,7 @@ if REDIS_URL:
 else:
     CELERY_QUEUE_DIR = VAR_DIR / "celery" / "queue"
     CELERY_BROKER_URL = "filesystem://localhost//"
+    CELERY_BROKER_TRANSPORT = "webapp.broker:Transport"  # kombu's, with atomic writes
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(CELERY_QUEUE_DIR),
         "data_folder_out": str(CELERY_QUEUE_DIR),

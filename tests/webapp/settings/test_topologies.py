@@ -20,6 +20,7 @@ print(json.dumps({
     "db_options": settings.DATABASES["default"].get("OPTIONS", {}),
     "broker": settings.CELERY_BROKER_URL, "results": settings.CELERY_RESULT_BACKEND,
     "transport": settings.CELERY_BROKER_TRANSPORT_OPTIONS,
+    "broker_transport": getattr(settings, "CELERY_BROKER_TRANSPORT", None),
     "layer": settings.CHANNEL_LAYERS["default"],
     "acks_late": settings.CELERY_TASK_ACKS_LATE,
     "reject_on_worker_lost": settings.CELERY_TASK_REJECT_ON_WORKER_LOST,
@@ -45,6 +46,7 @@ def test_embedded_needs_no_server_and_keeps_its_state_under_var(tmp_path: Path):
     assert got["db_name"] == str(tmp_path / "db.sqlite3")
     assert got["db_options"]["transaction_mode"] == "IMMEDIATE"
     assert got["broker"].startswith("filesystem://")
+    assert got["broker_transport"] == "webapp.broker:Transport"
     assert got["transport"]["data_folder_in"] == str(tmp_path / "celery" / "queue")
     assert got["results"] == f"file://{tmp_path / 'celery' / 'results'}"
     assert got["layer"]["BACKEND"] == "channels.layers.InMemoryChannelLayer"
