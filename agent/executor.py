@@ -39,7 +39,7 @@ from torch import nn
 
 from agent.data import Dataset
 from agent.emulation import Slowdown
-from agent.transport import DataPlane, Message, encode
+from agent.transport import DataPlane, Message, encode_message
 from agent.weights import Entry, WeightStore, layer_state
 from orchestrator.events import TimelineEvent
 from orchestrator.formats import LayerTimes
@@ -395,9 +395,10 @@ class StageExecutor:
     def _send(self, kind: str, stage: int, microbatch: int, version: int,
               tensor: torch.Tensor) -> None:
         peer = self.schedule.device_for(stage, microbatch - self.spec.first_microbatch)
-        frames = encode(run=self.spec.run, kind=kind, microbatch=microbatch, version=version,
-                        tensor=tensor, name=self.spec.tag, sent_at=self.clock.absolute())
-        self.plane.send(peer, frames)
+        header, frames = encode_message(
+            run=self.spec.run, kind=kind, microbatch=microbatch, version=version, tensor=tensor,
+            name=self.spec.tag, sent_at=self.clock.absolute())
+        self.plane.send(peer, frames, header=header)
 
     def _stash_needed(self) -> dict[int, bool]:
         """For each micro-batch this device forwards: does an update come between its forward

@@ -238,3 +238,40 @@ def measure_overhead(*, slowdown: float = 1.0, microbatches: int = 200,
     finally:
         plane.close()
     return max(0.0, per_microbatch - layer_s)
+
+
+def measure_message_cost(*, messages: int = 200, pause_s: float = 0.002,
+                         size_bytes: int = 4096) -> float:
+    """The time a stage on this device spends on each message it sends or receives, beyond
+    the link's transfer, as the cost model's ``message_s``: for a send, encoding the tensor
+    and handing it to ZeroMQ; for a receive, taking the arrived message from the inbox.
+
+    It sends ``messages`` small tensors to this device's own inbox over a real data plane and
+    takes each back, as the executor does, after a pause each (a stage sends right after a
+    pass and receives right after a wait, never back to back). Not counted: what the data
+    plane's threads do meanwhile, which the link's measured latency covers."""
+    import time as clock
+
+    from agent.transport import DataPlane, encode_message
+
+    plane = DataPlane(bind="tcp://127.0.0.1:0", identity="self")
+    tensor = torch.zeros(size_bytes // 4, dtype=torch.float32)
+    spent = 0.0
+    try:
+        plane.connect("self", plane.address)
+        for m in range(messages + 1):
+            clock.sleep(pause_s)
+            begun = clock.perf_counter()
+            header, frames = encode_message(run=0, kind="activation", microbatch=m, version=0,
+                                            tensor=tensor, name="calibrate",
+                                            sent_at=clock.time())
+            plane.send("self", frames, header=header)
+            sent = clock.perf_counter() - begun
+            clock.sleep(pause_s)
+            begun = clock.perf_counter()
+            plane.receive(0, "activation", m, name="calibrate", timeout_s=10.0)
+            if m:  # the first opened the socket
+                spent += sent + clock.perf_counter() - begun
+    finally:
+        plane.close()
+    return spent / (2 * messages)

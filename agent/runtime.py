@@ -56,7 +56,7 @@ from agent.config import AgentConfig, websocket_url
 from agent.data import DataError, Dataset, load_dataset
 from agent.emulation import Slowdown
 from agent.executor import Clock, Metric, StageError, StageExecutor, StageSpec, StageStopped
-from agent.profiler import measure_overhead, profile_model, warm_times
+from agent.profiler import measure_message_cost, measure_overhead, profile_model, warm_times
 from agent.transport import DataPlane, SendRecord, Shaping, encode
 from agent.transport import Message as DataMessage
 from agent.weights import (
@@ -131,6 +131,7 @@ class AgentRuntime:
         self.rtt_s = 0.0  # shortest round trip to the server seen
         self.outbox: deque[Message] = deque()
         self.lock = threading.Lock()
+        self._flushing = threading.Lock()
         self.timeline: dict[int, list[TimelineEvent]] = {}
         self.metrics: dict[int, list[dict[str, Any]]] = {}
         self.deployments: dict[int, Deployment] = {}
@@ -161,6 +162,7 @@ class AgentRuntime:
         # hand-off, which added milliseconds to every hop of a pipeline
         sys.setswitchinterval(0.0005)
         self.overhead_s = 0.0
+        self.message_s = 0.0
         # this machine's warm per-layer times by (model, data set, batch size): kept from each
         # profile (in memory and in config.warm_times_path), measured at deployment when
         # missing; an emulated slowdown paces by them
@@ -193,17 +195,21 @@ class AgentRuntime:
 
     def _flush_events(self) -> None:
         """Move what the stages produced into the outbox, one message per run."""
-        now = self.server_time()
-        with self.lock:
-            runs = set(self.timeline) | set(self.metrics)
-            for run in sorted(runs):
-                timeline = self.timeline.pop(run, [])
-                metrics = self.metrics.pop(run, [])
+        with self._flushing:  # one flush at a time, so batches reach the outbox in order
+            now = self.server_time()
+            with self.lock:  # the stages take it for every event: hold it briefly
+                taken = [(run, self.timeline.pop(run, []), self.metrics.pop(run, []))
+                         for run in sorted(set(self.timeline) | set(self.metrics))]
+            batches: list[Message] = []
+            for run, timeline, metrics in taken:
                 metrics += self._rates(run, timeline, now)
                 if timeline or metrics:
-                    self.outbox.append({"type": "events", "run": run,
-                                        "timeline": [e.to_json() for e in timeline],
-                                        "metrics": metrics})
+                    batches.append({"type": "events", "run": run,
+                                    "timeline": [e.to_json() for e in timeline],
+                                    "metrics": metrics})
+            if batches:
+                with self.lock:
+                    self.outbox.extend(batches)
 
     def _rates(self, run: int, timeline: list[TimelineEvent], now: float) -> list[dict[str, Any]]:
         """Samples per second through the last stage and bytes per second sent, each second."""
@@ -726,9 +732,12 @@ class AgentRuntime:
     # ---- the connection
 
     def calibrate(self) -> float:
-        """Measure this device's per-micro-batch overhead (reported at every hello)."""
+        """Measure this device's per-micro-batch overhead and per-message cost (reported at
+        every hello)."""
         self.overhead_s = measure_overhead(slowdown=self.config.slowdown)
-        log.info("per-micro-batch overhead %.3f ms", self.overhead_s * 1e3)
+        self.message_s = measure_message_cost()
+        log.info("per-micro-batch overhead %.3f ms, per message %.3f ms",
+                 self.overhead_s * 1e3, self.message_s * 1e3)
         return self.overhead_s
 
     async def serve(self) -> None:
@@ -760,7 +769,8 @@ class AgentRuntime:
     async def _session(self, ws: ClientConnection) -> None:
         await ws.send(json.dumps({"type": "hello", "data_address": self.advertised_address,
                                   "hardware": hardware_description(),
-                                  "overhead_s": self.overhead_s}))
+                                  "overhead_s": self.overhead_s,
+                                  "message_s": self.message_s}))
         early: list[Message] = []
         welcome = await self._await_reply(ws, "welcome", early)
         log.info("connected to %s as %s (%s)", self.config.enrolment.server, welcome["device"],

@@ -89,6 +89,15 @@ class Message:
 def encode(*, run: int, kind: str, microbatch: int, version: int, tensor: torch.Tensor,
            name: str | None = None, sent_at: float | None = None) -> list[bytes]:
     """[header, payload] for a tensor (copied to contiguous CPU memory)."""
+    return encode_message(run=run, kind=kind, microbatch=microbatch, version=version,
+                          tensor=tensor, name=name, sent_at=sent_at)[1]
+
+
+def encode_message(*, run: int, kind: str, microbatch: int, version: int, tensor: torch.Tensor,
+                   name: str | None = None, sent_at: float | None = None
+                   ) -> tuple[Header, list[bytes]]:
+    """:func:`encode`, with the header it wrote (what :meth:`DataPlane.send` takes to skip
+    reading it back)."""
     if kind not in KINDS:
         raise TransportError(f"unknown message kind {kind!r}")
     t = tensor.detach().to("cpu").contiguous()
@@ -97,7 +106,7 @@ def encode(*, run: int, kind: str, microbatch: int, version: int, tensor: torch.
     header = Header(run=run, kind=kind, microbatch=microbatch, version=version,
                     dtype=_NAMES[t.dtype], shape=tuple(t.shape), name=name, sent_at=sent_at)
     payload = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
-    return [json.dumps(header.to_json()).encode(), payload]
+    return header, [json.dumps(header.to_json()).encode(), payload]
 
 
 def _int(obj: dict[str, Any], key: str, minimum: int = 0) -> int:
@@ -254,13 +263,16 @@ class DataPlane:
         """Send to ``peer`` at ``address`` from now on (the next send opens the socket)."""
         self._peers[peer] = address
 
-    def send(self, peer: str, frames: list[bytes], *, wait: bool = False) -> None:
+    def send(self, peer: str, frames: list[bytes], *, wait: bool = False,
+             header: Header | None = None) -> None:
         """Send ``frames`` to ``peer``. On an unshaped line the caller sends them itself;
         a shaped one hands them to the sender thread, which holds each back as long as the
-        emulated line would (``wait``: return once sent)."""
+        emulated line would (``wait``: return once sent). ``header``: what ``frames[0]``
+        says (:func:`encode_message`'s), else it is read from the frame."""
         if peer not in self._peers:
             raise TransportError(f"no address for peer {peer!r}")
-        item = _Outgoing(peer=peer, frames=frames, header=parse_header(frames[0]))
+        item = _Outgoing(peer=peer, frames=frames,
+                         header=parse_header(frames[0]) if header is None else header)
         if not self.shaped:
             # a hand-off to the sender thread cost a thread switch on every hop (up to the
             # interpreter's switch interval while this thread went on computing): a 32 KB

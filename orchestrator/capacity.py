@@ -47,8 +47,9 @@ def capacity_ratios(cm: CostModel, plan: Plan, *, measured_s: Mapping[str, float
                              f"of seconds, got {seconds!r}")
         stage = stage_of[device_id]
         d = cm.index(device_id)
-        # the device's fixed overhead does not scale with its speed: compare the layers' part
-        overhead = float(cm.overhead_s[d])
+        # the device's fixed overhead and its messages do not scale with its speed: compare
+        # the layers' part
+        overhead = cm.fixed_s(d, stage.first, stage.last)
         predicted = cm.device_s(d, stage.first, stage.last) - overhead
         if predicted > 0 and seconds > overhead:
             ratios[device_id] = predicted / (seconds - overhead)

@@ -5,7 +5,9 @@ For stage k (layers a..e, devices G, S stages):
 - compute ``C = 1 / sum_d 1/t_d`` with ``t_d`` the stage's forward + backward time on device d
   (its ``layer_times`` if measured, else reference time / speed), plus the device's
   ``overhead_s``, the fixed cost of a micro-batch on a stage beyond its layers (an EdgePipe
-  extension, 0 by default: see docs/architecture.md);
+  extension, 0 by default: see docs/architecture.md), and ``message_s`` for each message the
+  stage sends or receives per micro-batch (:func:`stage_messages`: 4 in the middle, 3 first or
+  last, none alone);
 - replica sync ``Y = 2 (n-1)/n * P / (slowest link inside G)`` for n = |G| > 1;
 - stage time ``T_k = max(C, Y)``;
 - boundary ``X_k = max over d in G_k, d' in G_k+1 of 2 (output_bytes[e] / bw + latency)``;
@@ -64,6 +66,7 @@ class CostModel:
     latency_s: FloatArray  # [N, N], diagonal 0
     memory_bytes: FloatArray  # [N]
     overhead_s: FloatArray  # [N] fixed time per micro-batch of a stage on each device
+    message_s: FloatArray  # [N] time per message a stage on each device sends or receives
 
     @property
     def num_layers(self) -> int:
@@ -83,16 +86,30 @@ class CostModel:
 
     # ---- single stage figures (layers a..e inclusive, devices by index)
 
+    def fixed_pass_s(self, d: int, a: int, e: int) -> tuple[float, float]:
+        """What a stage of layers a..e on device d pays per micro-batch beyond its layers, in
+        its forward and in its backward: half the overhead each, and its messages."""
+        half = float(self.overhead_s[d]) / 2
+        forward, backward = pass_messages(a, e, self.num_layers)
+        per = float(self.message_s[d])
+        return half + forward * per, half + backward * per
+
+    def fixed_s(self, d: int, a: int, e: int) -> float:
+        """The overhead and the messages of a stage of layers a..e on device d."""
+        return float(self.overhead_s[d]) + stage_messages(a, e, self.num_layers) * float(
+            self.message_s[d])
+
     def device_s(self, d: int, a: int, e: int) -> float:
-        """t_d: forward + backward time of layers a..e on device d, with its overhead."""
+        """t_d: forward + backward time of layers a..e on device d, with its overhead and
+        messages."""
         return float(self.fwd_prefix[d, e + 1] - self.fwd_prefix[d, a]
-                     + self.bwd_prefix[d, e + 1] - self.bwd_prefix[d, a] + self.overhead_s[d])
+                     + self.bwd_prefix[d, e + 1] - self.bwd_prefix[d, a]) + self.fixed_s(d, a, e)
 
     def pass_s(self, d: int, a: int, e: int) -> tuple[float, float]:
-        """Forward and backward time of layers a..e on device d, the overhead split evenly."""
-        half = float(self.overhead_s[d]) / 2
-        return (float(self.fwd_prefix[d, e + 1] - self.fwd_prefix[d, a]) + half,
-                float(self.bwd_prefix[d, e + 1] - self.bwd_prefix[d, a]) + half)
+        """Forward and backward time of layers a..e on device d, with :meth:`fixed_pass_s`."""
+        fixed_f, fixed_b = self.fixed_pass_s(d, a, e)
+        return (float(self.fwd_prefix[d, e + 1] - self.fwd_prefix[d, a]) + fixed_f,
+                float(self.bwd_prefix[d, e + 1] - self.bwd_prefix[d, a]) + fixed_b)
 
     def compute_s(self, a: int, e: int, group: Sequence[int]) -> float:
         """C: the replicas of a stage share its micro-batches in proportion to their speed."""
@@ -150,8 +167,8 @@ class CostModel:
             if dev.layer_times is not None:
                 dev_f, dev_b = self.pass_s(d, a, e)
             else:
-                half = dev.overhead_s / 2
-                dev_f, dev_b = ref_f / total_f + half, ref_b / total_b + half
+                fixed_f, fixed_b = self.fixed_pass_s(d, a, e)
+                dev_f, dev_b = ref_f / total_f + fixed_f, ref_b / total_b + fixed_b
             for r in res:
                 names.append((dev.id, r.kind))
                 rf.append(math.inf if dev_f <= 0 else (r.speed / total_f) / dev_f)
@@ -203,7 +220,32 @@ def build_cost_model(profile: ModelProfile, devices: DeviceSet) -> CostModel:
         latency_s=latency,
         memory_bytes=np.array([d.memory_bytes for d in devices.devices], dtype=np.float64),
         overhead_s=np.array([d.overhead_s for d in devices.devices], dtype=np.float64),
+        message_s=np.array([d.message_s for d in devices.devices], dtype=np.float64),
     )
+
+
+def pass_messages(a: int, e: int, num_layers: int) -> tuple[int, int]:
+    """The messages a stage of layers a..e sends or receives per micro-batch, in its forward
+    (the activation in and out, the labels the first stage sends the last) and in its backward
+    (the gradient in and out). A stage of the whole model exchanges none."""
+    first, last = a == 0, e == num_layers - 1
+    if first and last:
+        return 0, 0
+    return int(not first) + int(not last) + int(first or last), int(not first) + int(not last)
+
+
+def stage_messages(a: int, e: int, num_layers: int) -> int:
+    forward, backward = pass_messages(a, e, num_layers)
+    return forward + backward
+
+
+def messages_table(num_layers: int) -> npt.NDArray[np.int64]:
+    """[L+1, L+1]: :func:`stage_messages` of the stage of layers start..end-1, by its cuts."""
+    cut = np.arange(num_layers + 1)
+    start, end = cut[:, None], cut[None, :]
+    first, last = start == 0, end == num_layers
+    table = 4 - first.astype(np.int64) - last.astype(np.int64)
+    return np.where(first & last, 0, table)
 
 
 def beta_compute_s(rf: Sequence[float], rb: Sequence[float], beta: Sequence[float]) -> float:

@@ -8,6 +8,7 @@ Gantt are read the same way.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -65,9 +66,38 @@ class FaultEvent:
         return out
 
 
+_EVENT_REQUIRED = frozenset(("run", "device", "stage", "kind", "microbatch", "version", "start",
+                             "end"))
+_EVENT_FIELDS = _EVENT_REQUIRED | {"bytes"}
+
+
+def _count(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _seconds(value: Any) -> bool:
+    return type(value) in (int, float) and 0 <= value < math.inf
+
+
 def parse_event(raw: Any, *, file: str = "<input>", path: str = "") -> TimelineEvent:
     """Validate one timeline event (as agents send them)."""
-    at = At(file, path)
+    # the common case, checked without building an error path per field (agents send
+    # thousands a second; the slow path below names what is wrong)
+    if (type(raw) is dict and _EVENT_FIELDS.issuperset(raw) and _EVENT_REQUIRED.issubset(raw)
+            and raw["kind"] in EVENT_KINDS and type(raw["device"]) is str
+            and raw["device"].strip()
+            and all(_count(raw[k]) for k in ("run", "stage", "microbatch", "version"))
+            and _count(raw.get("bytes", 0)) and _seconds(raw["start"]) and _seconds(raw["end"])
+            and raw["end"] >= raw["start"]):
+        return TimelineEvent(run=raw["run"], device=raw["device"], stage=raw["stage"],
+                             kind=raw["kind"], microbatch=raw["microbatch"],
+                             version=raw["version"], start=float(raw["start"]),
+                             end=float(raw["end"]), bytes=raw.get("bytes", 0))
+    return _parse_event_strict(raw, At(file, path))
+
+
+def _parse_event_strict(raw: Any, at: At) -> TimelineEvent:
+    """:func:`parse_event` field by field, each failure naming its field."""
     obj = expect_object(raw, at, ("run", "device", "stage", "kind", "microbatch", "version",
                                   "start", "end"), ("bytes",))
     kind = obj["kind"]

@@ -160,6 +160,9 @@ class Device:
     layer_times: LayerTimes | None = None
     label: str | None = None
     overhead_s: float = 0.0  # fixed time a micro-batch costs a stage on it, beyond its layers
+    # time a stage on it spends on each message it sends or receives (encode, hand over,
+    # wake up and record), beyond the link's transfer
+    message_s: float = 0.0
 
     @property
     def up_bps(self) -> float:
@@ -190,6 +193,8 @@ class Device:
             out["layer_times"] = self.layer_times.to_json()
         if self.overhead_s:
             out["overhead_s"] = self.overhead_s
+        if self.message_s:
+            out["message_s"] = self.message_s
         return out
 
 
@@ -248,7 +253,7 @@ class DeviceSet:
 
 _DEVICE_REQUIRED = ("id", "memory_bytes", "bandwidth_bps")
 _DEVICE_OPTIONAL = ("speed", "latency_s", "uplink_bps", "downlink_bps", "resources", "layer_times",
-                    "label", "overhead_s")
+                    "label", "overhead_s", "message_s")
 
 
 def _parse_resources(raw: Any, at: At) -> tuple[Resource, ...]:
@@ -323,6 +328,7 @@ def _parse_device(raw: Any, at: At) -> Device:
                      if "layer_times" in obj else None),
         label=None if label is None else expect_string(label, at.key("label")),
         overhead_s=expect_number(obj.get("overhead_s", 0.0), at.key("overhead_s")),
+        message_s=expect_number(obj.get("message_s", 0.0), at.key("message_s")),
     )
 
 

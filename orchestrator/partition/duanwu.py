@@ -45,7 +45,8 @@ class _Worker:
         devices = [cm.devices.devices[d] for d in group]
         ratios = [r.backward_speed / r.speed for dev in devices for r in dev.compute_resources]
         self.linear: np.ndarray | None = None
-        if all(dev.layer_times is None and dev.overhead_s == 0 for dev in devices) and all(
+        fixed = any(dev.overhead_s or dev.message_s for dev in devices)
+        if not fixed and all(dev.layer_times is None for dev in devices) and all(
                 math.isclose(x, ratios[0], rel_tol=1e-9) for x in ratios):
             # one backward/forward ratio rho everywhere: each device's best rate is
             # 1 / (F / s_d + B / (rho s_d)), so C = F / sum speed + B / sum backward_speed,

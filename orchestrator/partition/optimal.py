@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy.optimize import linprog
 
-from orchestrator.cost import CostModel, evaluate
+from orchestrator.cost import CostModel, evaluate, messages_table
 from orchestrator.errors import PlanningError
 from orchestrator.formats import Bound, Plan
 from orchestrator.partition.common import RawStage, check_plan_options, finish_plan, to_stages
@@ -56,6 +56,7 @@ class _SubsetSearch:
         self.n, self.num_layers = n, num_layers
         self.work = cm.work_prefix[self.devs]  # [n, L+1]
         self.overhead = cm.overhead_s[self.devs]  # [n]
+        self.per_message = cm.message_s[self.devs]  # [n]
         # memory: smallest start of a stage ending at cut p on device i with r stages from it on
         mem_start = np.zeros((n, n + 1, num_layers + 1), dtype=np.int64)
         pa = cm.param_prefix + cm.act_prefix
@@ -80,29 +81,43 @@ class _SubsetSearch:
     def candidates(self) -> npt.NDArray[np.float64]:
         """Every value the optimal period can take: stage compute times and transfers."""
         values = [self.comm[np.isfinite(self.comm)]]
-        for row, overhead in zip(self.work, self.overhead, strict=True):
-            diffs = row[None, :] - row[:, None]
-            values.append(diffs[np.triu_indices(self.num_layers + 1, k=1)] + overhead)
+        upper = np.triu_indices(self.num_layers + 1, k=1)
+        messages = messages_table(self.num_layers)[upper]
+        for row, overhead, per in zip(self.work, self.overhead, self.per_message, strict=True):
+            diffs = row[None, :] - row[:, None]  # [start, end]
+            values.append(diffs[upper] + overhead + per * messages)
         return np.unique(np.concatenate(values))
 
     def _start(self, limit: float) -> IntArray:
-        """g[i, r, p]: smallest start a of a stage a..p-1 on device i that fits ``limit``."""
+        """g[c, i, r, p]: smallest start a of a stage a..p-1 on device i that fits ``limit``,
+        for a stage after the first (c = 0) and for the first (c = 1, where only a = 0 counts):
+        they exchange different numbers of messages (cost.stage_messages), so each has its
+        own table, non-decreasing in p before the last cut."""
         slack = limit * _REL_TOL + 1e-15
-        # a device whose overhead alone exceeds the limit gets starts past every end
-        comp = np.stack([np.searchsorted(row, row - (limit + slack - overhead), side="left")
-                         for row, overhead in zip(self.work, self.overhead, strict=True)])
-        start: IntArray = np.maximum(self.mem_start, comp[:, None, :])
+        last = np.arange(self.num_layers + 1) == self.num_layers
+        tables = []
+        for messages in (np.where(last, 3, 4), np.where(last, 0, 3)):
+            # a device whose fixed cost alone exceeds the limit gets starts past every end
+            comp = np.stack([
+                np.searchsorted(row, row - (limit + slack - overhead - per * messages),
+                                side="left")
+                for row, overhead, per in zip(self.work, self.overhead, self.per_message,
+                                              strict=True)])
+            tables.append(np.maximum(self.mem_start, comp[:, None, :]))
+        start: IntArray = np.stack(tables)
         return start
 
     def reach(self, limit: float, *, stop_early: bool) -> tuple[bool, BoolArray, IntArray,
                                                                 BoolArray]:
         n, num_layers = self.n, self.num_layers
         start = self._start(limit)
+        later, first = start[0], start[1]
         ok_cut = self.comm <= limit * (1 + _REL_TOL) + 1e-15  # [from, to, p]
         positions = np.arange(num_layers + 1)
         reach = np.zeros((1 << n, n, num_layers + 1), dtype=bool)
         for i in range(n):
-            reach[1 << i, i, :num_layers] = positions[:num_layers] >= start[i, 1, num_layers]
+            reach[1 << i, i, 1:num_layers] = positions[1:num_layers] >= later[i, 1, num_layers]
+            reach[1 << i, i, 0] = first[i, 1, num_layers] <= 0
         if stop_early and reach[:, :, 0].any():
             return True, reach, start, ok_cut
         none = num_layers + 1
@@ -117,8 +132,11 @@ class _SubsetSearch:
                 suffix = np.minimum.accumulate(marked[:, ::-1], axis=1)[:, ::-1]
                 nxt = np.full_like(suffix, none)
                 nxt[:, :-1] = suffix[:, 1:]
-                g = start[i, level + 1][np.minimum(nxt, num_layers)]
-                reach[masks | (1 << i), i] = (nxt < none) & (g <= positions)
+                g = later[i, level + 1][np.minimum(nxt, num_layers)]
+                fits = (nxt < none) & (g <= positions)
+                g_first = first[i, level + 1][np.minimum(nxt[:, 0], num_layers)]
+                fits[:, 0] = (nxt[:, 0] < none) & (g_first <= 0)
+                reach[masks | (1 << i), i] = fits
             if stop_early and reach[self.by_level[level + 1]][:, :, 0].any():
                 return True, reach, start, ok_cut
         return bool(reach[:, :, 0].any()), reach, start, ok_cut
@@ -166,8 +184,9 @@ class _SubsetSearch:
 
     def _next_stage(self, reach: BoolArray, start: IntArray, ok_cut: BoolArray,
                     i: int, size: int, rest: int, a: int) -> tuple[int, int]:
+        table = start[1] if a == 0 else start[0]
         for p in range(a + 1, self.num_layers):
-            if start[i, size, p] > a:
+            if table[i, size, p] > a:
                 break  # start is non-decreasing in p: no later cut fits either
             for j in range(self.n):
                 if (rest >> j) & 1 and reach[rest, j, p] and ok_cut[i, j, p]:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from orchestrator.cost import CostModel, FloatArray
+from orchestrator.cost import CostModel, FloatArray, messages_table
 from orchestrator.errors import PlanningError
 from orchestrator.partition.common import RawStage
 
@@ -28,7 +28,7 @@ def ordered_dp(cm: CostModel, order: Sequence[int], *, work_prefix: FloatArray |
     """Best cuts for devices in ``order`` (all used, one stage each) and the period they reach.
 
     ``work_prefix`` ([N, L+1] cumulative forward + backward time) replaces the devices' own
-    times (and their overhead), as PipeDream does when it assumes every device has the
+    times (and their overhead and messages), as PipeDream does when it assumes every device has the
     reference speed. ``comm`` and
     ``memory`` switch the boundary transfers and the memory check on or off (pipe-torch balances
     compute alone).
@@ -41,6 +41,8 @@ def ordered_dp(cm: CostModel, order: Sequence[int], *, work_prefix: FloatArray |
                             "planner needs at least one layer")
     work = cm.work_prefix if work_prefix is None else work_prefix
     overhead = cm.overhead_s if work_prefix is None else np.zeros(cm.num_devices)
+    per_message = cm.message_s if work_prefix is None else np.zeros(cm.num_devices)
+    messages = messages_table(num_layers)
     cut = np.arange(num_layers + 1)
     start, end = cut[:, None], cut[None, :]
     empty = start >= end
@@ -51,7 +53,8 @@ def ordered_dp(cm: CostModel, order: Sequence[int], *, work_prefix: FloatArray |
     acts = cm.act_prefix[end] - cm.act_prefix[start]
     for m in range(1, n + 1):
         d = order[m - 1]
-        cost = np.maximum(best[:, None], work[d][end] - work[d][start] + overhead[d])
+        cost = np.maximum(best[:, None], work[d][end] - work[d][start] + overhead[d]
+                          + messages * per_message[d])
         if comm and m > 1:
             prev = order[m - 2]
             boundary = np.full(num_layers + 1, np.inf)

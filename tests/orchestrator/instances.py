@@ -25,10 +25,11 @@ def make_profile(times: list[tuple[float, float]], *, output_bytes: list[int] | 
 def make_device(name: str, speed: float = 1.0, *, memory_bytes: int = 10**12,
                 bandwidth_bps: float = 1e9, latency_s: float = 0.0,
                 resources: tuple[Resource, ...] = (),
-                layer_times: LayerTimes | None = None, overhead_s: float = 0.0) -> Device:
+                layer_times: LayerTimes | None = None, overhead_s: float = 0.0,
+                message_s: float = 0.0) -> Device:
     return Device(id=name, speed=speed, memory_bytes=memory_bytes, bandwidth_bps=bandwidth_bps,
                   latency_s=latency_s, resources=resources, layer_times=layer_times,
-                  overhead_s=overhead_s)
+                  overhead_s=overhead_s, message_s=message_s)
 
 
 def random_instance(rng: random.Random, *, layers: int, devices: int,
@@ -56,6 +57,8 @@ def random_instance(rng: random.Random, *, layers: int, devices: int,
                                 latency_s=rng.choice([0.0, 0.001, 0.01]),
                                 layer_times=layer_times,
                                 overhead_s=rng.choice([0.0, 0.0, 0.05, 0.5]) if measured
+                                else 0.0,
+                                message_s=rng.choice([0.0, 0.0, 0.02, 0.3]) if measured
                                 else 0.0))
     return build_cost_model(profile, DeviceSet(devices=tuple(devs)))
 

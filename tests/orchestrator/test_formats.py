@@ -207,12 +207,13 @@ def test_plan_round_trip_and_beta_validation(tmp_path: Path) -> None:
         parse_plan(dict(doc, schedule="zb"), profile=profile, devices=devices)
 
 
-def test_overhead_round_trips_and_must_not_be_negative() -> None:
+@pytest.mark.parametrize(("field", "value"), [("overhead_s", 0.002), ("message_s", 0.0001)])
+def test_fixed_costs_round_trip_and_must_not_be_negative(field: str, value: float) -> None:
     doc = small_devices()
-    doc["devices"][0]["overhead_s"] = 0.002
+    doc["devices"][0][field] = value
     devices = parse_devices(doc)
-    assert devices.device("a").overhead_s == 0.002
+    assert getattr(devices.device("a"), field) == value
     assert parse_devices(devices.to_json()) == devices
-    doc["devices"][0]["overhead_s"] = -1
-    with pytest.raises(FormatError, match=r"devices\[0\]\.overhead_s: must not be negative"):
+    doc["devices"][0][field] = -1
+    with pytest.raises(FormatError, match=rf"devices\[0\]\.{field}: must not be negative"):
         parse_devices(doc)

@@ -62,7 +62,8 @@ def test_ftpipehd_equals_brute_force_for_its_order(cm: CostModel) -> None:
 
 def reference_speed(cm: CostModel) -> CostModel:
     """The same testbed with every device at the reference speed (PipeDream's assumption)."""
-    devices = tuple(replace(d, speed=1.0, layer_times=None, resources=(), overhead_s=0.0)
+    devices = tuple(replace(d, speed=1.0, layer_times=None, resources=(), overhead_s=0.0,
+                            message_s=0.0)
                     for d in cm.devices.devices)
     return build_cost_model(cm.profile, DeviceSet(devices=devices, links=cm.devices.links))
 

@@ -46,6 +46,7 @@ class DeviceOutput(serializers.Serializer):
     downlink_bps = serializers.FloatField()
     latency_s = serializers.FloatField()
     overhead_s = serializers.FloatField()
+    message_s = serializers.FloatField()
     enrolled_at = serializers.DateTimeField()
     retired_at = serializers.DateTimeField()
 

@@ -65,6 +65,9 @@ class Device(models.Model):
     overhead_s = models.FloatField(
         default=0.0, help_text="fixed time a micro-batch costs a stage on it beyond its layers, "
                                "as its agent measured it")
+    message_s = models.FloatField(
+        default=0.0, help_text="time a stage on it spends on each message it sends or receives, "
+                               "as its agent measured it")
     data_address = models.CharField(
         max_length=200, blank=True,
         help_text="where the agent receives tensors from its neighbours (tcp://host:port), as it "

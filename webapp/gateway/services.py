@@ -18,7 +18,7 @@ from webapp.devices.events import event_profiling, profiling_event_send
 from webapp.devices.models import Device
 from webapp.runs import recovery
 from webapp.runs import services as run_services
-from webapp.runs.models import Run, RunDevice
+from webapp.runs.models import Run
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +41,8 @@ def _field(message: Message, name: str, kind: type | tuple[type, ...], *,
 
 def _run_of(device: Device, message: Message) -> Run:
     run_id = _field(message, "run", int)
-    run = Run.objects.filter(pk=run_id).first()
-    if run is None or not RunDevice.objects.filter(run=run, device=device).exists():
+    run = Run.objects.filter(pk=run_id, run_devices__device=device).first()
+    if run is None:
         raise InvalidInput("run", f"device {device.uid} has no run {run_id}")
     return run
 
@@ -79,14 +79,16 @@ def _hello(device: Device, message: Message) -> Reply:
     if not address.startswith("tcp://") or len(address) > 200:
         raise InvalidInput("data_address", "must be tcp://host:port (at most 200 characters)")
     hardware = _field(message, "hardware", dict, required=False)
-    overhead = _field(message, "overhead_s", (int, float), required=False)
     device.data_address = address
     fields = ["data_address"]
-    if overhead is not None:
-        if not (math.isfinite(overhead) and 0 <= overhead <= 10):
-            raise InvalidInput("overhead_s", "must be between 0 and 10 seconds")
-        device.overhead_s = float(overhead)
-        fields.append("overhead_s")
+    for name in ("overhead_s", "message_s"):  # the agent's measured fixed costs
+        value = _field(message, name, (int, float), required=False)
+        if value is None:
+            continue
+        if not (math.isfinite(value) and 0 <= value <= 10):
+            raise InvalidInput(name, "must be between 0 and 10 seconds")
+        setattr(device, name, float(value))
+        fields.append(name)
     if hardware is not None:
         device.hardware = hardware
         fields.append("hardware")

@@ -153,7 +153,9 @@ class PlanCompareApi(APIView):
 
 
 def _member_run(request: Request, run_id: int) -> Run:
-    run = _run(run_id)
+    # the run alone, not run_list()'s prefetched plans and devices: an agent uploads a global
+    # replica every few batches (a quarter of the web process's time went to that query)
+    run = get_or_404(Run.objects.all(), run_id, what="run")
     if not run.run_devices.filter(device=request.auth).exists():
         raise PermissionDenied(f"device {request.auth.uid} is not a device of run {run.pk}")
     return run

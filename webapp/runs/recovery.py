@@ -112,9 +112,10 @@ def _capacities(run: Run, profile: ModelProfile, devices: DeviceSet) -> dict[str
                              file="the current plan")
         compute = measured_stage_s(run=run, since_s=float(run.recovery.get("since_s", 0.0)))
         # the events time the layers' work; the stage time the cost model predicts also has
-        # the device's fixed overhead per micro-batch (formats.Device.overhead_s)
-        measured = {d: t + float(cm.overhead_s[cm.index(d)]) for d, t in compute.items()
-                    if d in current.device_ids}
+        # the device's fixed overhead and messages per micro-batch (CostModel.fixed_s)
+        layers = {d: (s.first, s.last) for s in current.stages for d in s.devices}
+        measured = {d: t + cm.fixed_s(cm.index(d), *layers[d]) for d, t in compute.items()
+                    if d in layers}
         ratios.update(capacity_ratios(cm, current, measured_s=measured))
     except (PlanningError, FormatError, ValueError) as exc:
         log.warning("run %s: capacities not re-estimated: %s", run.pk, exc)

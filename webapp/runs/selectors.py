@@ -132,6 +132,7 @@ def run_planning_inputs(*, run: Run) -> tuple[ModelProfile, DeviceSet]:
             id=d.uid, label=d.name, speed=ref_total / total, memory_bytes=d.memory_bytes,
             bandwidth_bps=d.bandwidth_bps, latency_s=d.latency_s, uplink_bps=d.uplink_bps,
             downlink_bps=d.downlink_bps, overhead_s=d.overhead_s,
+            message_s=d.message_s,
             layer_times=LayerTimes(forward_s=tuple(la.forward_s for la in own.layers),
                                    backward_s=tuple(la.backward_s for la in own.layers))))
     profile = ModelProfile(model=spec.model, batch_size=spec.batch_size,

@@ -98,6 +98,33 @@ def test_ping_hello_heartbeat_and_bad_messages() -> None:
     assert device.status == Device.Status.OFFLINE and device.data_address == ""
 
 
+def test_hello_stores_the_agents_measured_fixed_costs() -> None:
+    device = DeviceFactory(data_address="", status=Device.Status.OFFLINE)
+
+    async def scenario() -> list[dict[str, Any]]:
+        link = agent(device)
+        assert (await link.connect())[0]
+        replies = []
+        for message in ({"type": "hello", "data_address": "tcp://10.0.0.2:5601",
+                         "overhead_s": 0.001, "message_s": -0.5},
+                        {"type": "hello", "data_address": "tcp://10.0.0.2:5601",
+                         "overhead_s": 0.001, "message_s": 0.0002}):
+            await link.send_json_to(message)
+            replies.append(await link.receive_json_from(timeout=5))
+            if message["message_s"] < 0:  # refused whole: nothing stored
+                await database_sync_to_async(device.refresh_from_db)()
+                assert (device.overhead_s, device.message_s) == (0.0, 0.0)
+        await database_sync_to_async(device.refresh_from_db)()
+        await link.disconnect()
+        return replies
+
+    replies = async_to_sync(scenario)()
+    assert replies[0]["type"] == "error" and replies[0]["field"] == "message_s"
+    assert "between 0 and 10" in replies[0]["detail"]
+    assert replies[1]["type"] == "welcome"
+    assert (device.overhead_s, device.message_s) == (0.001, 0.0002)
+
+
 def test_a_run_is_deployed_started_fed_and_finished_by_its_agents() -> None:
     run, devices = planned_run()
 
