@@ -196,8 +196,6 @@ def measure_overhead(*, slowdown: float = 1.0, microbatches: int = 200,
     warm times, and the penalty of a cold start is paid inside the emulated time (with it,
     the MLP alone trained 1.34x faster than predicted from the overhead of the tiny probe).
     """
-    import time as clock
-
     from agent.data import digits
     from agent.executor import Clock, StageExecutor, StageSpec
     from agent.transport import DataPlane
@@ -216,7 +214,7 @@ def measure_overhead(*, slowdown: float = 1.0, microbatches: int = 200,
                      microbatches=microbatches)
     plane = DataPlane(bind="tcp://127.0.0.1:0")
     try:
-        executor = StageExecutor(spec, module=layer, plane=plane, clock=Clock(clock.time()),
+        executor = StageExecutor(spec, module=layer, plane=plane, clock=Clock(time.time()),
                                  dataset=digits(), slowdown=slowdown,
                                  warm=warm_times(profile, slowdown=slowdown))
         paused = [0.0]
@@ -224,17 +222,17 @@ def measure_overhead(*, slowdown: float = 1.0, microbatches: int = 200,
 
         def after_a_pause(handler: Callable[[Any], None]) -> Callable[[Any], None]:
             def run(action: Any) -> None:
-                begun = clock.perf_counter()
-                clock.sleep(pause_s)
-                paused[0] += clock.perf_counter() - begun
+                begun = time.perf_counter()
+                time.sleep(pause_s)
+                paused[0] += time.perf_counter() - begun
                 handler(action)
             return run
 
         for kind in ("F", "B"):
             executor.handlers[kind] = after_a_pause(executor.handlers[kind])
-        started = clock.perf_counter()
+        started = time.perf_counter()
         executor.run()
-        per_microbatch = (clock.perf_counter() - started - paused[0]) / microbatches
+        per_microbatch = (time.perf_counter() - started - paused[0]) / microbatches
     finally:
         plane.close()
     return max(0.0, per_microbatch - layer_s)
@@ -250,8 +248,6 @@ def measure_message_cost(*, messages: int = 200, pause_s: float = 0.002,
     takes each back, as the executor does, after a pause each (a stage sends right after a
     pass and receives right after a wait, never back to back). Not counted: what the data
     plane's threads do meanwhile, which the link's measured latency covers."""
-    import time as clock
-
     from agent.transport import DataPlane, encode_message
 
     plane = DataPlane(bind="tcp://127.0.0.1:0", identity="self")
@@ -260,18 +256,18 @@ def measure_message_cost(*, messages: int = 200, pause_s: float = 0.002,
     try:
         plane.connect("self", plane.address)
         for m in range(messages + 1):
-            clock.sleep(pause_s)
-            begun = clock.perf_counter()
+            time.sleep(pause_s)
+            begun = time.perf_counter()
             header, frames = encode_message(run=0, kind="activation", microbatch=m, version=0,
                                             tensor=tensor, name="calibrate",
-                                            sent_at=clock.time())
+                                            sent_at=time.time())
             plane.send("self", frames, header=header)
-            sent = clock.perf_counter() - begun
-            clock.sleep(pause_s)
-            begun = clock.perf_counter()
+            sent = time.perf_counter() - begun
+            time.sleep(pause_s)
+            begun = time.perf_counter()
             plane.receive(0, "activation", m, name="calibrate", timeout_s=10.0)
             if m:  # the first opened the socket
-                spent += sent + clock.perf_counter() - begun
+                spent += sent + time.perf_counter() - begun
     finally:
         plane.close()
     return spent / (2 * messages)

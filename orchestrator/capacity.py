@@ -49,10 +49,10 @@ def capacity_ratios(cm: CostModel, plan: Plan, *, measured_s: Mapping[str, float
         d = cm.index(device_id)
         # the device's fixed overhead and its messages do not scale with its speed: compare
         # the layers' part
-        overhead = cm.fixed_s(d, stage.first, stage.last)
-        predicted = cm.device_s(d, stage.first, stage.last) - overhead
-        if predicted > 0 and seconds > overhead:
-            ratios[device_id] = predicted / (seconds - overhead)
+        fixed = cm.fixed_s(d, stage.first, stage.last)
+        predicted = cm.device_s(d, stage.first, stage.last) - fixed
+        if predicted > 0 and seconds > fixed:
+            ratios[device_id] = predicted / (seconds - fixed)
     return ratios
 
 

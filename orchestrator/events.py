@@ -66,9 +66,8 @@ class FaultEvent:
         return out
 
 
-_EVENT_REQUIRED = frozenset(("run", "device", "stage", "kind", "microbatch", "version", "start",
-                             "end"))
-_EVENT_FIELDS = _EVENT_REQUIRED | {"bytes"}
+_EVENT_REQUIRED = ("run", "device", "stage", "kind", "microbatch", "version", "start", "end")
+_EVENT_FIELDS = frozenset((*_EVENT_REQUIRED, "bytes"))
 
 
 def _count(value: Any) -> bool:
@@ -83,7 +82,8 @@ def parse_event(raw: Any, *, file: str = "<input>", path: str = "") -> TimelineE
     """Validate one timeline event (as agents send them)."""
     # the common case, checked without building an error path per field (agents send
     # thousands a second; the slow path below names what is wrong)
-    if (type(raw) is dict and _EVENT_FIELDS.issuperset(raw) and _EVENT_REQUIRED.issubset(raw)
+    if (type(raw) is dict and _EVENT_FIELDS.issuperset(raw)
+            and all(k in raw for k in _EVENT_REQUIRED)
             and raw["kind"] in EVENT_KINDS and type(raw["device"]) is str
             and raw["device"].strip()
             and all(_count(raw[k]) for k in ("run", "stage", "microbatch", "version"))
@@ -98,8 +98,7 @@ def parse_event(raw: Any, *, file: str = "<input>", path: str = "") -> TimelineE
 
 def _parse_event_strict(raw: Any, at: At) -> TimelineEvent:
     """:func:`parse_event` field by field, each failure naming its field."""
-    obj = expect_object(raw, at, ("run", "device", "stage", "kind", "microbatch", "version",
-                                  "start", "end"), ("bytes",))
+    obj = expect_object(raw, at, _EVENT_REQUIRED, ("bytes",))
     kind = obj["kind"]
     if kind not in EVENT_KINDS:
         raise at.key("kind").fail(f"must be one of {', '.join(EVENT_KINDS)}", kind)

@@ -400,4 +400,3 @@ def successor_takes_over(cm: CostModel, old: Plan, failed: Collection[str], *,
     raw = [(a, e, tuple(index[d] for d in devices)) for a, e, devices in merged]
     return finish_plan(cm, raw, algorithm="respipe", schedule=schedule or old.schedule,
                        microbatches=microbatches or old.microbatches, started=started)
-
