@@ -39,8 +39,9 @@ from torch import nn
 
 from agent.data import Dataset
 from agent.emulation import Slowdown
+from agent.optim import SGD
 from agent.transport import DataPlane, Message, encode_message
-from agent.weights import Entry, WeightStore, layer_state
+from agent.weights import Entry, WeightStore, snapshot, state_refs
 from orchestrator.events import TimelineEvent
 from orchestrator.formats import LayerTimes
 from orchestrator.schedule import Action, Schedule, build_schedule
@@ -269,7 +270,9 @@ class StageExecutor:
         self.slots = [(owner, name) for owner in module.modules()
                       for name, p in owner.named_parameters(recurse=False)]
         self.params = [getattr(owner, name) for owner, name in self.slots]
-        self.optimizer = torch.optim.SGD(self.params, lr=spec.lr, momentum=spec.momentum)
+        self.optimizer = SGD(self.params, lr=spec.lr, momentum=spec.momentum)
+        # the stage's parameters and buffers under their model-wide names, for checkpoints
+        self.state = state_refs(module, spec.layers[0])
         # weight versions count updates: under 1F1B one per micro-batch, under GPipe one per flush
         self.per_version = (spec.flush_every or 1) if spec.schedule == "gpipe" else 1
         self.version = first // self.per_version
@@ -296,7 +299,7 @@ class StageExecutor:
         ``pinned``, else the rollback window)."""
         if self.store is None:
             return None
-        tensors = layer_state(self.module, self.spec.layers[0])
+        tensors = snapshot(self.state)
         self.store.add(Entry(layers=self.spec.layers, applied=self.applied, kind="own",
                              tensors=tensors, pinned=pinned, generation=self.spec.generation))
         return tensors
@@ -540,9 +543,7 @@ class StageExecutor:
             grads = self.grads.pop(m)
 
         def work() -> None:
-            for p, g in zip(self.params, grads, strict=True):
-                p.grad = g
-            self.optimizer.step()
+            self.optimizer.step(grads)
 
         before = self.applied
         if self.spec.schedule != "gpipe" and m != before:

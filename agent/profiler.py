@@ -32,6 +32,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from agent.optim import SGD
 from agent.zoo import ZooModel
 from orchestrator.formats import Layer, LayerTimes, ModelProfile
 
@@ -68,16 +69,15 @@ def _median_s(run: Callable[[], object], *, warmup: int, repeats: int) -> float:
 
 def optimizer_call_s(*, warmup: int = 20, repeats: int = 101) -> float:
     """The fixed cost of one SGD step call, measured on a one-element parameter."""
-    param = torch.zeros(1, requires_grad=True)
-    param.grad = torch.zeros(1)
-    optimizer = torch.optim.SGD([param], lr=1e-6)
-    return _median_s(optimizer.step, warmup=warmup, repeats=repeats)
+    param, grads = torch.zeros(1), [torch.zeros(1)]
+    optimizer = SGD([param], lr=1e-6)
+    return _median_s(lambda: optimizer.step(grads), warmup=warmup, repeats=repeats)
 
 
 MAX_SWEEPS = 2000
 
 
-def _sweep(modules: list[nn.Module], optimizers: list[torch.optim.Optimizer | None],
+def _sweep(modules: list[nn.Module], optimizers: list[SGD | None],
            x: torch.Tensor, grad: torch.Tensor) -> tuple[list[float], list[float]]:
     """One forward and backward pass through every layer: each layer's forward and backward
     (with its update) seconds, as measured here."""
@@ -100,9 +100,8 @@ def _sweep(modules: list[nn.Module], optimizers: list[torch.optim.Optimizer | No
         grads = torch.autograd.grad(outputs[i], wrt, grad_outputs=upstream, allow_unused=True)
         optimizer = optimizers[i]
         if optimizer is not None:
-            for p, g in zip(params, grads[len(wrt) - len(params):], strict=True):
-                p.grad = g
-            optimizer.step()
+            optimizer.step([torch.zeros_like(p) if g is None else g
+                            for p, g in zip(params, grads[len(wrt) - len(params):], strict=True)])
         backward[i] = time.perf_counter() - start
         if i > 0:
             upstream = grads[0]
@@ -142,7 +141,7 @@ def profile_model(model: ZooModel, *, batch_size: int, reference: str, dataset: 
         bar.update()
         report(i + 1, n + repeats)
     grad = torch.randn(x.shape, generator=generator)
-    optimizers = [torch.optim.SGD(params, lr=1e-6) if params else None
+    optimizers = [SGD(params, lr=1e-6) if params else None
                   for params in ([p for p in m.parameters() if p.requires_grad] for m in modules)]
     began = time.perf_counter()
     for _ in range(warmup):

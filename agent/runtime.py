@@ -31,6 +31,7 @@ go on.
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import json
 import logging
@@ -120,6 +121,17 @@ class Deployment:
     stop: threading.Event = field(default_factory=threading.Event)
     running: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
+
+
+
+def freeze_heap() -> None:
+    """Leave what the agent holds for good (torch's and the other modules' objects, a
+    deployed stage's model and data) out of the garbage collector's full collections, which
+    otherwise walk it all while every thread waits: 250,000 objects, 142 ms on an idle
+    machine and 210-260 ms while three agents trained, twice in 3.6 s of a two-stage MLP
+    pipeline (both stages stood still; the run trained at 0.66 of its prediction)."""
+    gc.collect()
+    gc.freeze()
 
 
 class AgentRuntime:
@@ -401,6 +413,7 @@ class AgentRuntime:
                 "microbatch": microbatch, "waited_s": waited}))
         self.deployments[spec.run] = Deployment(spec=spec, executor=executor, clock=clock,
                                                 stop=deployment_stop, running=running)
+        freeze_heap()  # the stage's model, data and schedule live as long as the stage
         # a daemon: a pending timer must not keep a stopping agent alive for DEPLOYMENT_TTL_S
         # (it did: `run` took five minutes to exit after SIGTERM following a deployment)
         timer = threading.Timer(DEPLOYMENT_TTL_S, self._drop_if_not_started, args=(spec.run,))
@@ -738,6 +751,7 @@ class AgentRuntime:
         self.message_s = measure_message_cost()
         log.info("per-micro-batch overhead %.3f ms, per message %.3f ms",
                  self.overhead_s * 1e3, self.message_s * 1e3)
+        freeze_heap()
         return self.overhead_s
 
     async def serve(self) -> None:

@@ -91,6 +91,23 @@ def test_a_deployed_stage_is_held_until_stopped(runtime: AgentRuntime) -> None:
     assert runtime.handle_command(command("stop", run=7))["ok"]  # stopping twice is harmless
 
 
+def test_a_deployed_stage_s_model_and_data_are_left_out_of_full_collections(
+        runtime: AgentRuntime) -> None:
+    import gc
+
+    gc.unfreeze()
+    try:
+        ack = runtime.handle_command(command("deploy", run=7, spec=spec(),
+                                             peers={"edge-other": "tcp://127.0.0.1:9"}))
+        assert ack["ok"]
+        module = runtime.deployments[7].executor.module
+        assert gc.get_freeze_count() > 0
+        assert not any(o is module for o in gc.get_objects())  # frozen: not walked
+    finally:
+        runtime.handle_command(command("stop", run=7))
+        gc.unfreeze()
+
+
 def test_profiling_on_command_reports_progress_then_the_profile(runtime: AgentRuntime) -> None:
     ack = runtime.handle_command(command("profile", model="mlp", dataset="digits",
                                          batch_size=8))

@@ -21,6 +21,8 @@ from agent.weights import (
     from_bytes,
     layer_state,
     load_layer_state,
+    snapshot,
+    state_refs,
     to_bytes,
 )
 from agent.zoo import build_model
@@ -212,3 +214,16 @@ def test_a_new_generation_keeps_only_its_own_lineage() -> None:
                     generation=1))  # sent by a neighbour of generation 1 before this commit
     store.commit(1)
     assert store.holdings() == [{"layers": [2, 3], "applied": 32, "kind": "replica"}]
+
+
+def test_state_refs_follow_in_place_updates_and_snapshots_do_not() -> None:
+    stage = mlp().stage(1, 2)  # parameters only: no buffers
+    refs = state_refs(stage, 1)
+    assert [name for name, _ in refs] == list(layer_state(stage, 1))
+    before = snapshot(refs)
+    with torch.no_grad():
+        for p in stage.parameters():
+            p.add_(1.0)
+    after = snapshot(refs)
+    assert all(torch.equal(after[k], v + 1.0) for k, v in before.items())
+    assert all(torch.equal(after[k], v) for k, v in layer_state(stage, 1).items())

@@ -114,7 +114,7 @@ def _events(device: Device, message: Message) -> Reply:
     updates = [e.get("microbatch") for e in message.get("timeline") or []
                if e.get("kind") == "update" and isinstance(e.get("microbatch"), int)]
     if updates:  # the dynamic re-partition's clock: how far training has got
-        recovery.run_repartition_check(run_id=run.pk, progress=max(updates))
+        recovery.run_repartition_check(run_id=run.pk, progress=max(updates), seen=run)
     return {"type": "stored", "run": run.pk, **stored}
 
 

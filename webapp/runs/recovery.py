@@ -421,19 +421,30 @@ def measured_period_s(*, run: Run, since_s: float, last: str) -> float | None:
     return (starts[0] - starts[-1]) / (len(starts) - 1)
 
 
-def run_repartition_check(*, run_id: int, progress: int) -> Run | None:
+def _repartition_due(run: Run, progress: int) -> bool:
+    recovery = run.recovery or {}
+    due = recovery.get("next_check") or _checks(run)
+    return bool(run.state == RunState.RUNNING and run.repartition_every and progress >= due
+                and recovery.get("plan"))
+
+
+def run_repartition_check(*, run_id: int, progress: int, seen: Run | None = None
+                          ) -> Run | None:
     """FTPipeHD's dynamic re-partition, made to pay: after ``repartition_after`` batches and then
     every ``repartition_every``, re-estimate the devices from their measured stage times, plan
     again, and move only if the time saved over the remaining micro-batches exceeds the cost
     of moving (the weights over the slowest link, the restart, the micro-batches redone).
-    ``progress``: the furthest micro-batch an update was reported for."""
+    ``progress``: the furthest micro-batch an update was reported for. ``seen``: the run as the
+    caller has just read it; when that copy is not due, the check ends there, without a
+    transaction (every batch of an agent's events asks, several times a second; the next batch
+    reads the run again)."""
+    if seen is not None and not _repartition_due(seen, progress):
+        return None
     with transaction.atomic():
         run = _locked(Run(pk=run_id))
-        recovery = dict(run.recovery or {})
-        due = recovery.get("next_check") or _checks(run)
-        if (run.state != RunState.RUNNING or not run.repartition_every or progress < due
-                or not recovery.get("plan")):
+        if not _repartition_due(run, progress):
             return None
+        recovery = dict(run.recovery or {})
         recovery["next_check"] = progress + run.repartition_every * run.microbatches
         run.recovery = recovery
         run.save(update_fields=["recovery"])

@@ -150,3 +150,19 @@ def test_a_device_left_out_keeps_its_measured_capacity() -> None:
     for device in planned.devices:
         factor = 1 / 20 if device.id == slow else 1.0
         assert device.speed == pytest.approx(before[device.id].speed * factor, rel=0.05)
+
+
+def test_a_copy_of_the_run_that_is_not_due_ends_the_check_and_a_due_one_is_checked_again(
+        django_assert_num_queries) -> None:  # type: ignore[no-untyped-def]
+    run = running_run()
+    train(run, slower={})
+    stale = Run.objects.get(pk=run.pk)
+    stale.state = Run.State.PAUSED  # as read before a resume: not due
+    with django_assert_num_queries(0):
+        assert recovery.run_repartition_check(run_id=run.pk, progress=64, seen=stale) is None
+    # a copy that is due goes on to the locked run, which decides
+    fresh = Run.objects.get(pk=run.pk)
+    assert recovery.run_repartition_check(run_id=run.pk, progress=64, seen=fresh) is not None
+    fresh.refresh_from_db()
+    assert fresh.recovery["next_check"] == 64 + run.repartition_every * MICROBATCHES
+    assert recovery.run_repartition_check(run_id=run.pk, progress=70, seen=fresh) is None
