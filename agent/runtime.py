@@ -123,7 +123,6 @@ class Deployment:
     thread: threading.Thread | None = None
 
 
-
 def freeze_heap() -> None:
     """Leave what the agent holds for good (torch's and the other modules' objects, a
     deployed stage's model and data) out of the garbage collector's full collections, which
