@@ -52,12 +52,6 @@ def snapshot(refs: list[tuple[str, torch.Tensor]]) -> Tensors:
     return {name: tensor.clone() for name, tensor in refs}
 
 
-def layer_state(module: nn.Module, first: int) -> Tensors:
-    """Copies of ``module``'s parameters and buffers (a stage: an nn.Sequential of layers
-    ``first``..) under their model-wide names."""
-    return snapshot(state_refs(module, first))
-
-
 def load_layer_state(module: nn.Module, first: int, tensors: Mapping[str, torch.Tensor]) -> None:
     """Load model-wide named tensors into the stage; every tensor of the stage must be there."""
     wanted = module.state_dict()

@@ -19,7 +19,6 @@ from agent.weights import (
     WeightError,
     WeightStore,
     from_bytes,
-    layer_state,
     load_layer_state,
     snapshot,
     state_refs,
@@ -37,17 +36,18 @@ def mlp(seed: int = 0):  # type: ignore[no-untyped-def]
 
 def test_weights_saved_by_one_layout_load_into_another() -> None:
     source, target = mlp(seed=1), mlp(seed=2)
-    saved = {**layer_state(source.stage(0, 1), 0), **layer_state(source.stage(2, 3), 2)}
+    saved = {**snapshot(state_refs(source.stage(0, 1), 0)),
+             **snapshot(state_refs(source.stage(2, 3), 2))}
     stage = target.stage(1, 2)
     load_layer_state(stage, 1, saved)
     for a, b in zip(stage.parameters(), source.stage(1, 2).parameters(), strict=True):
         assert torch.equal(a, b)
     with pytest.raises(WeightError, match="no weights for 3"):
-        load_layer_state(target.stage(3, 3), 3, layer_state(source.stage(0, 2), 0))
+        load_layer_state(target.stage(3, 3), 3, snapshot(state_refs(source.stage(0, 2), 0)))
 
 
 def test_safetensors_round_trip_and_refusals() -> None:
-    tensors = layer_state(mlp().stage(1, 2), 1)
+    tensors = snapshot(state_refs(mlp().stage(1, 2), 1))
     blob = to_bytes(tensors, run=7, first=1, last=2, applied=16)
     back = from_bytes(blob, first=1, last=2)
     assert back.keys() == tensors.keys()
@@ -219,11 +219,13 @@ def test_a_new_generation_keeps_only_its_own_lineage() -> None:
 def test_state_refs_follow_in_place_updates_and_snapshots_do_not() -> None:
     stage = mlp().stage(1, 2)  # parameters only: no buffers
     refs = state_refs(stage, 1)
-    assert [name for name, _ in refs] == list(layer_state(stage, 1))
+    assert [name for name, _ in refs] == ["1.0.weight", "1.0.bias", "2.0.weight", "2.0.bias"]
     before = snapshot(refs)
     with torch.no_grad():
         for p in stage.parameters():
             p.add_(1.0)
     after = snapshot(refs)
     assert all(torch.equal(after[k], v + 1.0) for k, v in before.items())
-    assert all(torch.equal(after[k], v) for k, v in layer_state(stage, 1).items())
+    live = dict(zip(["1.0.weight", "1.0.bias", "2.0.weight", "2.0.bias"],
+                    stage.parameters(), strict=True))
+    assert all(torch.equal(after[k], v) for k, v in live.items())
