@@ -24,6 +24,13 @@ header), as PipeDream's vertical sync prescribes.
 Every forward, backward and update becomes a timeline event (shared schema, run clock); the
 data plane reports sends and this executor records receives; the last stage reports loss and
 accuracy per micro-batch.
+
+What a micro-batch costs the stage beyond its paced passes (``fixed_costs``): over the steady
+state (from the fifth of its backwards on), its time less what it waited (for a neighbour's
+message, or paused) and less what its passes should take (the emulated factor times their warm
+times), per micro-batch, and what its sends took each. The agent turns them into its device's
+``overhead_s`` and ``message_s`` for the model (docs/architecture.md, "A device's fixed
+overhead").
 """
 
 from __future__ import annotations
@@ -209,6 +216,34 @@ class _InFlight:
     params: list[torch.Tensor]
 
 
+STEADY_FROM = 0.2  # the fraction of a stage's backwards before its steady state (the fill)
+MIN_STEADY_MICROBATCHES = 20  # fewer in the steady state measure no fixed cost
+
+
+@dataclass(frozen=True)
+class Mark:
+    """The fixed cost's clock at a backward's end."""
+
+    at: float
+    waited_s: float
+    paced_s: float
+    sent_s: float
+    sends: int
+    backwards: int
+
+
+@dataclass(frozen=True)
+class FixedCosts:
+    """What a stage measured over its steady state, per micro-batch beyond its paced passes
+    and waits (``fixed_s``, its sends included), and per send (``send_s``; None without
+    sends)."""
+
+    microbatches: int
+    fixed_s: float
+    sends_per_microbatch: float
+    send_s: float | None
+
+
 @dataclass
 class StageResult:
     forwards: list[int] = field(default_factory=list)
@@ -284,6 +319,16 @@ class StageExecutor:
         self.accumulated_count = 0
         self.latest_header_version = self.version
         self.result = StageResult()
+        # the fixed cost's clock (fixed_costs): seconds waited, seconds the passes should
+        # take, seconds and count of sends, and marks of them at the steady state's start and
+        # at the latest backward
+        self.waited_s = 0.0
+        self.paced_s = 0.0
+        self.sent_s = 0.0  # in sends: encoding, handing to the data plane
+        self.sends = 0
+        self._steady_from = int(STEADY_FROM * sum(1 for a in self.actions if a.kind == "B"))
+        self._steady: Mark | None = None
+        self._latest: Mark | None = None
         self.handlers: dict[str, Callable[[Action], None]] = {
             "F": self.forward, "B": self.backward, "U": self.update, "A": self.all_reduce}
 
@@ -323,8 +368,11 @@ class StageExecutor:
         if tensors is not None:  # the resume point goes to the next stage at once
             self.on_checkpoint(self.applied, tensors, bool(self.spec.chain_every), False)
         for action in self.actions:
-            while not self.running.wait(0.1) and not self.stop.is_set():
-                pass
+            if not self.running.is_set():
+                begun = time.perf_counter()
+                while not self.running.wait(0.1) and not self.stop.is_set():
+                    pass
+                self.waited_s += time.perf_counter() - begun
             if self.stop.is_set():
                 break
             handler = self.handlers.get(action.kind)
@@ -334,9 +382,35 @@ class StageExecutor:
         self.plane.flush(timeout_s=self.spec.receive_timeout_s)
         return self.result
 
+    def fixed_costs(self) -> FixedCosts | None:
+        """What a micro-batch cost this stage beyond its paced passes and its waits, over the
+        steady state; None without warm times or with fewer than MIN_STEADY_MICROBATCHES
+        micro-batches in it."""
+        if self.warm_s is None or self._steady is None or self._latest is None:
+            return None
+        start, end = self._steady, self._latest
+        count = end.backwards - start.backwards
+        if count < MIN_STEADY_MICROBATCHES:
+            return None
+        busy = (end.at - start.at) - (end.waited_s - start.waited_s)
+        sent = end.sent_s - start.sent_s
+        sends = end.sends - start.sends
+        return FixedCosts(
+            microbatches=count,
+            fixed_s=max(0.0, (busy - (end.paced_s - start.paced_s)) / count),
+            sends_per_microbatch=sends / count, send_s=sent / sends if sends else None)
+
+    def _mark(self) -> None:
+        mark = Mark(at=time.perf_counter(), waited_s=self.waited_s, paced_s=self.paced_s,
+                    sent_s=self.sent_s, sends=self.sends, backwards=len(self.result.backwards))
+        if mark.backwards == self._steady_from + 1:
+            self._steady = mark
+        self._latest = mark
+
     # ---- helpers
 
     def _receive(self, kind: str, microbatch: int, timeout_s: float | None = None) -> Message:
+        begun = time.perf_counter()
         try:
             return self.plane.receive(self.spec.run, kind, microbatch, name=self.spec.tag,
                                       timeout_s=timeout_s or self.spec.receive_timeout_s,
@@ -345,6 +419,8 @@ class StageExecutor:
             if self.stop.is_set():
                 raise StageStopped(f"stage {self.spec.stage} stopped") from None
             raise StageError(f"stage {self.spec.stage}: {exc}") from None
+        finally:
+            self.waited_s += time.perf_counter() - begun
 
     def _suspect_after(self) -> float | None:
         """FTPipeHD's backward timer: how long stage 0 waits for a gradient before it suspects
@@ -389,19 +465,24 @@ class StageExecutor:
         start = self.clock.now()
         begun = time.perf_counter()
         out = work()
-        self.emulation.after(time.perf_counter() - begun,
-                             warm_s=None if self.warm_s is None else self.warm_s[kind])
+        warm_s = None if self.warm_s is None else self.warm_s[kind]
+        self.emulation.after(time.perf_counter() - begun, warm_s=warm_s)
+        if warm_s is not None:
+            self.paced_s += self.emulation.factor * warm_s
         self.on_event(TimelineEvent(self.spec.run, self.spec.device, self.spec.stage, kind,
                                     microbatch, version, start, self.clock.now()))
         return out
 
     def _send(self, kind: str, stage: int, microbatch: int, version: int,
               tensor: torch.Tensor) -> None:
+        begun = time.perf_counter()
         peer = self.schedule.device_for(stage, microbatch - self.spec.first_microbatch)
         header, frames = encode_message(
             run=self.spec.run, kind=kind, microbatch=microbatch, version=version, tensor=tensor,
             name=self.spec.tag, sent_at=self.clock.absolute())
         self.plane.send(peer, frames, header=header)
+        self.sent_s += time.perf_counter() - begun
+        self.sends += 1
 
     def _stash_needed(self) -> dict[int, bool]:
         """For each micro-batch this device forwards: does an update come between its forward
@@ -531,6 +612,7 @@ class StageExecutor:
         else:
             self.grads[m] = param_grads
         self.result.backwards.append(m)
+        self._mark()
 
     def update(self, action: Action) -> None:
         m = action.microbatch

@@ -239,14 +239,15 @@ def measure_overhead(*, slowdown: float = 1.0, microbatches: int = 200,
 
 def measure_message_cost(*, messages: int = 200, pause_s: float = 0.002,
                          size_bytes: int = 4096) -> float:
-    """The time a stage on this device spends on each message it sends or receives, beyond
-    the link's transfer, as the cost model's ``message_s``: for a send, encoding the tensor
-    and handing it to ZeroMQ; for a receive, taking the arrived message from the inbox.
+    """The time a stage on this device spends on each message it sends, beyond the link's
+    transfer, as the cost model's ``message_s``: encoding the tensor and handing it to ZeroMQ.
 
-    It sends ``messages`` small tensors to this device's own inbox over a real data plane and
-    takes each back, as the executor does, after a pause each (a stage sends right after a
-    pass and receives right after a wait, never back to back). Not counted: what the data
-    plane's threads do meanwhile, which the link's measured latency covers."""
+    It sends ``messages`` small tensors to this device's own inbox over a real data plane, as
+    the executor does, each after a pause (a stage sends right after a pass, never back to
+    back), and takes each back. Not counted: taking a message from the inbox (some
+    microseconds, which the overhead counts) and what the data plane's threads do meanwhile,
+    which the link's measured latency covers. A stage's runs measure it again
+    (agent.runtime: ``stage_done`` reports ``message_s``)."""
     from agent.transport import DataPlane, encode_message
 
     plane = DataPlane(bind="tcp://127.0.0.1:0", identity="self")
@@ -261,12 +262,9 @@ def measure_message_cost(*, messages: int = 200, pause_s: float = 0.002,
                                             tensor=tensor, name="calibrate",
                                             sent_at=time.time())
             plane.send("self", frames, header=header)
-            sent = time.perf_counter() - begun
-            time.sleep(pause_s)
-            begun = time.perf_counter()
-            plane.receive(0, "activation", m, name="calibrate", timeout_s=10.0)
             if m:  # the first opened the socket
-                spent += sent + time.perf_counter() - begun
+                spent += time.perf_counter() - begun
+            plane.receive(0, "activation", m, name="calibrate", timeout_s=10.0)
     finally:
         plane.close()
-    return spent / (2 * messages)
+    return spent / messages

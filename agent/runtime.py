@@ -633,17 +633,41 @@ class AgentRuntime:
             else:
                 self._flush_events()
                 if not deployment.stop.is_set():
-                    self.post({"type": "stage_done", "run": run, "generation": spec.generation,
-                               "forwards": len(result.forwards),
-                               "backwards": len(result.backwards), "updates": result.updates,
-                               "applied_from": spec.first_microbatch,
-                               "updated": result.updated})
+                    done: Message = {
+                        "type": "stage_done", "run": run, "generation": spec.generation,
+                        "forwards": len(result.forwards), "backwards": len(result.backwards),
+                        "updates": result.updates, "applied_from": spec.first_microbatch,
+                        "updated": result.updated}
+                    done.update(self._measured_costs(deployment))
+                    self.post(done)
             finally:
                 if self.deployments.get(run) is deployment:
                     self.deployments.pop(run, None)
 
         deployment.thread = self.spawn(train, f"run-{deployment.spec.run}")
         return {"ok": True, "generation": deployment.spec.generation}
+
+    def _measured_costs(self, deployment: Deployment) -> dict[str, float]:
+        """This device's ``overhead_s`` and ``message_s`` for the stage's model as the stage
+        just measured them, in the conditions it trained in (the other threads and processes
+        sharing the processor, the checkpoints and replicas): its fixed time per micro-batch
+        beyond its sends, and the time of a send. The server keeps them with the device's
+        profile of the model. Empty when the stage measured nothing."""
+        costs = deployment.executor.fixed_costs()
+        if costs is None:
+            return {}
+        sending = costs.sends_per_microbatch * (costs.send_s or 0.0)
+        out = {"overhead_s": max(0.0, costs.fixed_s - sending)}
+        if costs.send_s is not None:
+            out["message_s"] = costs.send_s
+        log.info("run %s, stage %s: a micro-batch cost %.3f ms beyond its passes over %d "
+                 "micro-batches, %.3f ms of it in %.1f sends: overhead %.3f ms, per message "
+                 "%s (the probes': %.3f ms, %.3f ms)", deployment.spec.run,
+                 deployment.spec.stage, costs.fixed_s * 1e3, costs.microbatches,
+                 sending * 1e3, costs.sends_per_microbatch, out["overhead_s"] * 1e3,
+                 "-" if costs.send_s is None else f"{costs.send_s * 1e3:.3f} ms",
+                 self.overhead_s * 1e3, self.message_s * 1e3)
+        return out
 
     def _pause(self, command: Message) -> Message:
         self._deployment(command).running.clear()

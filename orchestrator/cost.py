@@ -6,8 +6,8 @@ For stage k (layers a..e, devices G, S stages):
   (its ``layer_times`` if measured, else reference time / speed), plus the device's
   ``overhead_s``, the fixed cost of a micro-batch on a stage beyond its layers (an EdgePipe
   extension, 0 by default: see docs/architecture.md), and ``message_s`` for each message the
-  stage sends or receives per micro-batch (:func:`stage_messages`: 4 in the middle, 3 first or
-  last, none alone);
+  stage sends per micro-batch (:func:`stage_messages`: 2 first or in the middle, 1 last, none
+  alone);
 - replica sync ``Y = 2 (n-1)/n * P / (slowest link inside G)`` for n = |G| > 1;
 - stage time ``T_k = max(C, Y)``;
 - boundary ``X_k = max over d in G_k, d' in G_k+1 of 2 (output_bytes[e] / bw + latency)``;
@@ -66,7 +66,7 @@ class CostModel:
     latency_s: FloatArray  # [N, N], diagonal 0
     memory_bytes: FloatArray  # [N]
     overhead_s: FloatArray  # [N] fixed time per micro-batch of a stage on each device
-    message_s: FloatArray  # [N] time per message a stage on each device sends or receives
+    message_s: FloatArray  # [N] time per message a stage on each device sends
 
     @property
     def num_layers(self) -> int:
@@ -225,13 +225,13 @@ def build_cost_model(profile: ModelProfile, devices: DeviceSet) -> CostModel:
 
 
 def pass_messages(a: int, e: int, num_layers: int) -> tuple[int, int]:
-    """The messages a stage of layers a..e sends or receives per micro-batch, in its forward
-    (the activation in and out, the labels the first stage sends the last) and in its backward
-    (the gradient in and out). A stage of the whole model exchanges none."""
+    """The messages a stage of layers a..e sends per micro-batch, in its forward (its
+    activation, and on the first stage the labels, which go to the last) and in its backward
+    (the gradient of its input). A stage of the whole model sends none. What a receive costs
+    (taking an arrived message from the inbox, some microseconds) is in the overhead: the time
+    a message takes to arrive is the link's, which the stage spends waiting."""
     first, last = a == 0, e == num_layers - 1
-    if first and last:
-        return 0, 0
-    return int(not first) + int(not last) + int(first or last), int(not first) + int(not last)
+    return int(not last) + int(first and not last), int(not first)
 
 
 def stage_messages(a: int, e: int, num_layers: int) -> int:
@@ -244,8 +244,8 @@ def messages_table(num_layers: int) -> npt.NDArray[np.int64]:
     cut = np.arange(num_layers + 1)
     start, end = cut[:, None], cut[None, :]
     first, last = start == 0, end == num_layers
-    table = 4 - first.astype(np.int64) - last.astype(np.int64)
-    return np.where(first & last, 0, table)
+    table: npt.NDArray[np.int64] = np.where(last, 1, 2) - (first & last).astype(np.int64)
+    return table
 
 
 def beta_compute_s(rf: Sequence[float], rb: Sequence[float], beta: Sequence[float]) -> float:

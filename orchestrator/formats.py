@@ -160,8 +160,8 @@ class Device:
     layer_times: LayerTimes | None = None
     label: str | None = None
     overhead_s: float = 0.0  # fixed time a micro-batch costs a stage on it, beyond its layers
-    # time a stage on it spends on each message it sends or receives (encode, hand over,
-    # wake up and record), beyond the link's transfer
+    # time a stage on it spends on each message it sends (encode, hand over, record), beyond
+    # the link's transfer
     message_s: float = 0.0
 
     @property

@@ -91,12 +91,12 @@ class _SubsetSearch:
     def _start(self, limit: float) -> IntArray:
         """g[c, i, r, p]: smallest start a of a stage a..p-1 on device i that fits ``limit``,
         for a stage after the first (c = 0) and for the first (c = 1, where only a = 0 counts):
-        they exchange different numbers of messages (cost.stage_messages), so each has its
-        own table, non-decreasing in p before the last cut."""
+        they send different numbers of messages when they end the model (cost.stage_messages),
+        so each has its own table, non-decreasing in p before the last cut."""
         slack = limit * _REL_TOL + 1e-15
         last = np.arange(self.num_layers + 1) == self.num_layers
         tables = []
-        for messages in (np.where(last, 3, 4), np.where(last, 0, 3)):
+        for messages in (np.where(last, 1, 2), np.where(last, 0, 2)):
             # a device whose fixed cost alone exceeds the limit gets starts past every end
             comp = np.stack([
                 np.searchsorted(row, row - (limit + slack - overhead - per * messages),

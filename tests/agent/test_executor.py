@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 import torch
 
 from agent.data import load_dataset
-from agent.executor import Clock, Metric, StageError, StageExecutor, StageSpec
+from agent.executor import Clock, FixedCosts, Metric, StageError, StageExecutor, StageSpec
 from agent.transport import DataPlane
 from agent.zoo import build_model
 from orchestrator.events import EVENT_KINDS, TimelineEvent
+from orchestrator.formats import LayerTimes
+from orchestrator.schedule import Action
+from tests.agent.stages import run_stages
 
 DIGITS = load_dataset("digits")
 
@@ -51,13 +53,7 @@ def run_pipeline(layers: Sequence[tuple[int, int]], *, schedule: str, microbatch
         except BaseException as exc:  # surfaced by the assertion below
             errors.append(exc)
 
-    threads = [threading.Thread(target=run, args=(k,)) for k in range(len(layers))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    for plane in planes.values():
-        plane.close()
+    run_stages(run, len(layers), planes.values())
     assert not errors, errors
     losses = [m.value for m in sorted(metrics, key=lambda m: m.microbatch) if m.name == "loss"]
     weights = torch.cat([p.detach().flatten() for p in net.full().parameters()])
@@ -146,13 +142,14 @@ def test_a_silent_neighbour_fails_the_stage_with_a_clear_error() -> None:
 def test_an_emulated_stage_paces_each_pass_by_its_layers_warm_times() -> None:
     # the forward and backward are paced to the warm times of the stage's own layers; the
     # update has none of its own (the profile counts it in the backward)
-    from orchestrator.formats import LayerTimes
 
     net = build_model("mlp", input_shape=DIGITS.input_shape, num_classes=10)
     warm = LayerTimes(forward_s=(1e-3, 2e-3, 4e-3, 8e-3), backward_s=(1e-4, 2e-4, 4e-4, 8e-4))
     paced: list[float | None] = []
 
     class Recorder:
+        factor = 3.0
+
         def after(self, work_s: float, *, warm_s: float | None = None) -> None:
             paced.append(warm_s)
 
@@ -180,3 +177,91 @@ def test_an_emulated_stage_paces_each_pass_by_its_layers_warm_times() -> None:
         plane.close()
     assert paced[:6] == pytest.approx([15e-3, 15e-4, 0.0] * 2)
     assert paced[6:] == [None] * 6  # no warm times: each pass multiplied as it went
+
+
+def two_stage_fixed_costs(extra_s: tuple[float, float], warm: LayerTimes
+                          ) -> tuple[FixedCosts, FixedCosts]:
+    """Each stage's fixed costs over a two-stage MLP pipeline of 150 micro-batches, with
+    ``extra_s`` more per micro-batch on each stage (its update sleeps)."""
+    net = build_model("mlp", input_shape=DIGITS.input_shape, num_classes=10)
+    devices = ("d0", "d1")
+    planes = {d: DataPlane(bind="tcp://127.0.0.1:0") for d in devices}
+    planes["d0"].connect("d1", planes["d1"].address)
+    planes["d1"].connect("d0", planes["d0"].address)
+    clock = Clock(started_at=time.time())
+    executors = []
+    for k, layers in enumerate(((0, 1), (2, 3))):
+        stage = StageSpec(run=1, device=devices[k], stage=k, layers=layers, model="mlp",
+                          dataset="digits", batch_size=32, schedule="1f1b",
+                          stage_devices=(("d0",), ("d1",)), stage_times_s=((1.0,), (1.0,)),
+                          microbatches=150)
+        executor = StageExecutor(stage, module=net.stage(*layers), plane=planes[devices[k]],
+                                 clock=clock, dataset=DIGITS if k == 0 else None, warm=warm)
+        update = executor.handlers["U"]
+
+        def costly(action: Action, update: Callable[[Action], None] = update,
+                   extra_s: float = extra_s[k]) -> None:
+            update(action)
+            time.sleep(extra_s)
+
+        executor.handlers["U"] = costly
+        executors.append(executor)
+    errors: list[BaseException] = []
+
+    def run(k: int) -> None:
+        try:
+            executors[k].run()
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    run_stages(run, len(executors), planes.values())
+    assert not errors, errors
+    assert executors[1].waited_s < executors[0].waited_s or extra_s[1] == 0
+    first, last = (e.fixed_costs() for e in executors)
+    assert first is not None and last is not None
+    return first, last
+
+
+def test_a_stage_measures_what_a_microbatch_costs_it_beyond_its_passes_and_waits() -> None:
+    # 6 ms more per micro-batch on stage 1 make it the bottleneck: stage 0 then waits about
+    # 6 ms a micro-batch longer for its gradients, which its fixed cost leaves out, and stage
+    # 1 measures them as its own (less what its passes no longer pay for starting cold after
+    # a wait: 5.3-6.0 ms more, where stage 0 measured -0.5 to +0.8 ms more)
+    from agent.profiler import profile_model, warm_times
+
+    warm = warm_times(profile_model(build_model("mlp", input_shape=DIGITS.input_shape,
+                                                num_classes=10),
+                                    batch_size=32, reference="self", progress=False),
+                      slowdown=1.0)
+    base = two_stage_fixed_costs((0.0, 0.0), warm)
+    slow = two_stage_fixed_costs((0.0, 6e-3), warm)
+    assert slow[1].fixed_s - base[1].fixed_s >= 4e-3
+    assert slow[0].fixed_s - base[0].fixed_s < 2.5e-3
+    # the first stage sends its activation and the labels, the last its input's gradient;
+    # each send is timed, and is part of the fixed cost
+    assert [c.sends_per_microbatch for c in base] == pytest.approx([2.0, 1.0], abs=0.05)
+    for costs in (*base, *slow):
+        assert costs.send_s is not None and 0 < costs.send_s < costs.fixed_s
+
+
+def test_no_fixed_cost_is_measured_without_warm_times_or_a_steady_state() -> None:
+    def alone(microbatches: int, warm: LayerTimes | None) -> StageExecutor:
+        executor = StageExecutor(
+            spec(stage_devices=(("a",),), stage_times_s=((1.0,),), layers=(0, 3),
+                 microbatches=microbatches),
+            module=build_model("mlp", input_shape=DIGITS.input_shape, num_classes=10
+                               ).stage(0, 3),
+            plane=plane, clock=Clock(time.time()), dataset=DIGITS, warm=warm)
+        executor.run()
+        return executor
+
+    zero = LayerTimes(forward_s=(0.0,) * 4, backward_s=(0.0,) * 4)
+    plane = DataPlane(bind="tcp://127.0.0.1:0")
+    try:
+        assert alone(40, None).fixed_costs() is None  # nothing to pace by
+        assert alone(20, zero).fixed_costs() is None  # 15 steady micro-batches
+        measured = alone(40, zero).fixed_costs()  # 31: with no compute to subtract,
+        assert measured is not None and measured.fixed_s > 0  # the whole of each micro-batch
+        assert measured.microbatches == 31 and measured.send_s is None  # alone: no sends
+    finally:
+        plane.close()

@@ -108,6 +108,22 @@ def test_a_deployed_stage_s_model_and_data_are_left_out_of_full_collections(
         gc.unfreeze()
 
 
+def test_a_finished_stage_reports_the_overhead_it_measured(runtime: AgentRuntime) -> None:
+    runtime.overhead_s = 1.0  # what the probe said: hellos go on reporting it
+    alone = spec(stage_devices=[[ENROLMENT.uid]], stage_times_s=[[1.0]], layers=[0, 3],
+                 microbatches=40)
+    assert runtime.handle_command(command("deploy", run=7, spec=alone, peers={}))["ok"]
+    assert runtime.handle_command(command("start", run=7, started_at=time.time()))["ok"]
+    thread = runtime.deployments[7].thread
+    assert thread is not None
+    thread.join(timeout=60)
+    done = [m for m in runtime.outbox if m["type"] == "stage_done"]
+    assert len(done) == 1 and done[0]["backwards"] == 40
+    assert 0 <= done[0]["overhead_s"] < 0.1
+    assert "message_s" not in done[0]  # alone: nothing sent
+    assert runtime.overhead_s == 1.0
+
+
 def test_profiling_on_command_reports_progress_then_the_profile(runtime: AgentRuntime) -> None:
     ack = runtime.handle_command(command("profile", model="mlp", dataset="digits",
                                          batch_size=8))

@@ -26,6 +26,7 @@ from agent.weights import (
 )
 from agent.zoo import build_model
 from orchestrator.events import TimelineEvent
+from tests.agent.stages import run_stages
 
 DIGITS = load_dataset("digits")
 
@@ -126,13 +127,7 @@ def train(layers: Sequence[tuple[int, int]], *, microbatches: int, first_microba
         except BaseException as exc:  # surfaced by the assertion below
             errors.append(exc)
 
-    threads = [threading.Thread(target=run, args=(k,)) for k in range(len(layers))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    for plane in planes.values():
-        plane.close()
+    run_stages(run, len(layers), planes.values())
     assert not errors, errors
     return torch.cat([p.detach().flatten() for p in net.full().parameters()]), stores, updated
 

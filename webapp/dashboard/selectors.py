@@ -75,6 +75,8 @@ def device_profiles(*, device: Device) -> list[dict[str, Any]]:
         out.append({"id": profile.pk, "model_spec": spec.pk, "label": str(spec),
                     "measured_at": profile.measured_at.isoformat(),
                     "forward_s": profile.forward_s, "backward_s": profile.backward_s,
+                    # as a run measured them (None: none did)
+                    "overhead_s": profile.overhead_s, "message_s": profile.message_s,
                     "layers": [{"name": la.get("name", f"layer {i}"), "kind": la.get("kind", ""),
                                 "forward_s": la["forward_s"], "backward_s": la["backward_s"]}
                                for i, la in enumerate(layers)]})

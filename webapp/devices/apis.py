@@ -67,6 +67,13 @@ class ProfileOutput(serializers.Serializer):
     forward_s = serializers.FloatField()
     backward_s = serializers.FloatField()
     measured_at = serializers.DateTimeField()
+    overhead_s = serializers.FloatField(
+        allow_null=True, help_text="the fixed time a micro-batch of the model cost a stage on "
+                                   "the device beyond its layers and its sends, as its last "
+                                   "run measured it")
+    message_s = serializers.FloatField(
+        allow_null=True, help_text="the time a stage of the model on the device spent on each "
+                                   "message it sent, as its last run measured it")
 
 
 class ProfileDetailOutput(ProfileOutput):

@@ -66,8 +66,8 @@ class Device(models.Model):
         default=0.0, help_text="fixed time a micro-batch costs a stage on it beyond its layers, "
                                "as its agent measured it")
     message_s = models.FloatField(
-        default=0.0, help_text="time a stage on it spends on each message it sends or receives, "
-                               "as its agent measured it")
+        default=0.0, help_text="time a stage on it spends on each message it sends, as its "
+                               "agent measured it")
     data_address = models.CharField(
         max_length=200, blank=True,
         help_text="where the agent receives tensors from its neighbours (tcp://host:port), as it "
@@ -127,6 +127,16 @@ class LayerProfile(models.Model):
     forward_s = models.FloatField(help_text="sum over the layers")
     backward_s = models.FloatField(help_text="sum over the layers")
     measured_at = models.DateTimeField(default=timezone.now)
+    # as the device's last stage of the model measured them in a run (None: none did; planning
+    # uses the device's own, its agent's probes)
+    overhead_s = models.FloatField(
+        null=True, blank=True,
+        help_text="the fixed time a micro-batch of this model cost a stage on the device "
+                  "beyond its layers and its sends, as a run measured it")
+    message_s = models.FloatField(
+        null=True, blank=True,
+        help_text="the time a stage of this model on the device spent on each message it "
+                  "sent, as a run measured it")
 
     class Meta:
         ordering = ("device_id", "model_spec_id")

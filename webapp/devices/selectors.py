@@ -47,3 +47,14 @@ def layer_profile_list(*, device_id: int | None = None, model_spec_id: int | Non
 
 def device_link_list() -> QuerySet[DeviceLink]:
     return DeviceLink.objects.select_related("source", "target")
+
+
+def planning_costs(*, device: Device, profile: LayerProfile | None) -> tuple[float, float]:
+    """``(overhead_s, message_s)`` of ``device`` for planning a model it has ``profile`` of:
+    as a run measured them (kept with the profile), else its agent's probes (the device's
+    own)."""
+    overhead, message = device.overhead_s, device.message_s
+    if profile is not None:
+        overhead = overhead if profile.overhead_s is None else profile.overhead_s
+        message = message if profile.message_s is None else profile.message_s
+    return overhead, message

@@ -39,6 +39,16 @@ def _field(message: Message, name: str, kind: type | tuple[type, ...], *,
     return value
 
 
+def _seconds(message: Message, name: str) -> float | None:
+    """An optional duration a device measured: a number of seconds from 0 to 10."""
+    value = _field(message, name, (int, float), required=False)
+    if value is None:
+        return None
+    if not (math.isfinite(value) and 0 <= value <= 10):
+        raise InvalidInput(name, "must be between 0 and 10 seconds")
+    return float(value)
+
+
 def _run_of(device: Device, message: Message) -> Run:
     run_id = _field(message, "run", int)
     run = Run.objects.filter(pk=run_id, run_devices__device=device).first()
@@ -82,13 +92,10 @@ def _hello(device: Device, message: Message) -> Reply:
     device.data_address = address
     fields = ["data_address"]
     for name in ("overhead_s", "message_s"):  # the agent's measured fixed costs
-        value = _field(message, name, (int, float), required=False)
-        if value is None:
-            continue
-        if not (math.isfinite(value) and 0 <= value <= 10):
-            raise InvalidInput(name, "must be between 0 and 10 seconds")
-        setattr(device, name, float(value))
-        fields.append(name)
+        value = _seconds(message, name)
+        if value is not None:
+            setattr(device, name, value)
+            fields.append(name)
     if hardware is not None:
         device.hardware = hardware
         fields.append("hardware")
@@ -146,8 +153,14 @@ def _ack(device: Device, message: Message) -> Reply:
 
 
 def _stage_done(device: Device, message: Message) -> Reply:
-    run_services.run_stage_done(run=_run_of(device, message), device=device,
-                                generation=_field(message, "generation", int, required=False))
+    run = _run_of(device, message)
+    generation = _field(message, "generation", int, required=False)
+    overhead = _seconds(message, "overhead_s")  # what the stage measured, for later plans
+    per_message = _seconds(message, "message_s")
+    run_services.run_stage_done(run=run, device=device, generation=generation)
+    if overhead is not None:
+        device_services.profile_costs_measured(device=device, model_spec=run.model_spec,
+                                               overhead_s=overhead, message_s=per_message)
     return None
 
 

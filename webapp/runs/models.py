@@ -100,6 +100,13 @@ class RunDevice(models.Model):
     holdings = models.JSONField(
         default=list, blank=True,
         help_text="what the halted agent reported holding: [{layers [a, e], applied, kind}]")
+    # the device's fixed costs when the run was planned (devices.selectors.planning_costs):
+    # the run's plans, their predictions and its recoveries use them, while the stage it runs
+    # measures them anew (None: the device's current ones)
+    overhead_s = models.FloatField(
+        null=True, blank=True, help_text="the device's overhead_s when the run was planned")
+    message_s = models.FloatField(
+        null=True, blank=True, help_text="the device's message_s when the run was planned")
 
     class Meta:
         ordering = ("run_id", "position")

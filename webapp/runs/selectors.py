@@ -25,6 +25,7 @@ from orchestrator.formats import (
 )
 from orchestrator.simulator import simulate
 from webapp.devices.models import Device, DeviceLink, LayerProfile
+from webapp.devices.selectors import planning_costs
 from webapp.runs.models import FaultEvent, MetricPoint, Plan, Run, RunDevice, TimelineEvent
 
 # What a live run page keeps: the timeline and metrics of the last minute of the run, and of
@@ -97,13 +98,18 @@ def run_planning_inputs(*, run: Run) -> tuple[ModelProfile, DeviceSet]:
     The run's first device is the reference: its profile gives the per-layer reference times
     and the layer sizes. Every device (the reference included) carries its own profile as
     ``layer_times`` and the speed ``reference total time / its total time``; memory, bandwidth
-    and latency come from the device. Device ids are the devices' uids. A device without a
-    profile for the run's model spec, or one whose profile has another number of layers, is a
-    PlanningError naming it.
+    and latency come from the device, ``overhead_s`` and ``message_s`` as they were when the
+    run was planned (RunDevice: the profile's as a run measured them, else the device's
+    probes'; the run's own stages measure them anew, and its prediction must not use that).
+    Device ids are the devices' uids. A device
+    without a profile for the run's model spec, or one whose profile has another number of
+    layers, is a PlanningError naming it.
     """
-    devices = run_devices(run=run)
+    rows = list(RunDevice.objects.filter(run=run).select_related("device"))
+    devices = [rd.device for rd in rows]
     if not devices:
         raise PlanningError(f"run {run.pk} has no devices")
+    planned = {rd.device_id: rd for rd in rows}
     spec = run.model_spec
     profiles = {lp.device_id: lp for lp in LayerProfile.objects.filter(
         model_spec=spec, device__in=devices)}
@@ -128,11 +134,15 @@ def run_planning_inputs(*, run: Run) -> tuple[ModelProfile, DeviceSet]:
         total = sum(la.forward_s + la.backward_s for la in own.layers)
         if total <= 0:
             raise PlanningError(f"device {d.name!r} ({d.uid}) has a profile with no time")
+        overhead, per_message = planning_costs(device=d, profile=profiles[d.pk])
+        if planned[d.pk].overhead_s is not None:
+            overhead = planned[d.pk].overhead_s
+        if planned[d.pk].message_s is not None:
+            per_message = planned[d.pk].message_s
         plan_devices.append(PlanDevice(
             id=d.uid, label=d.name, speed=ref_total / total, memory_bytes=d.memory_bytes,
             bandwidth_bps=d.bandwidth_bps, latency_s=d.latency_s, uplink_bps=d.uplink_bps,
-            downlink_bps=d.downlink_bps, overhead_s=d.overhead_s,
-            message_s=d.message_s,
+            downlink_bps=d.downlink_bps, overhead_s=overhead, message_s=per_message,
             layer_times=LayerTimes(forward_s=tuple(la.forward_s for la in own.layers),
                                    backward_s=tuple(la.backward_s for la in own.layers))))
     profile = ModelProfile(model=spec.model, batch_size=spec.batch_size,

@@ -27,7 +27,8 @@ from orchestrator.partition import LEARNED, PLANNERS, run_planner
 from orchestrator.simulator import simulate
 from webapp.common.exceptions import Conflict, InvalidInput, distinct_choices
 from webapp.devices.commands import command_build, device_command_send
-from webapp.devices.models import Device, ModelSpec
+from webapp.devices.models import Device, LayerProfile, ModelSpec
+from webapp.devices.selectors import planning_costs
 from webapp.runs import events, selectors
 from webapp.runs.models import (
     FaultEvent,
@@ -135,6 +136,12 @@ def run_plan(*, run: Run, algorithms: Sequence[str] | None = None) -> Run:
                      action="plan")
     locked.chosen_plan = None
     locked.save(update_fields=["chosen_plan"])
+    profiles = {p.device_id: p for p in LayerProfile.objects.filter(
+        model_spec=locked.model_spec, device__run_devices__run=locked)}
+    for rd in RunDevice.objects.filter(run=locked).select_related("device"):
+        rd.overhead_s, rd.message_s = planning_costs(  # what these plans are made with
+            device=rd.device, profile=profiles.get(rd.device_id))
+        rd.save(update_fields=["overhead_s", "message_s"])
     Plan.objects.filter(run=locked).delete()
     plans = Plan.objects.bulk_create(Plan(run=locked, algorithm=a) for a in chosen)
     _transition(locked, RunState.PLANNING, action="plan", algorithms=chosen, error="")

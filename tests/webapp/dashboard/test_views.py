@@ -238,6 +238,15 @@ def test_a_device_page_charts_its_profiles(browser: Client):
     assert "mlp on digits, batch 32" in html
 
 
+def test_a_device_page_shows_its_measured_fixed_costs(browser: Client):
+    device = DeviceFactory(overhead_s=0.0012, message_s=0.00019)
+    LayerProfileFactory(device=device, overhead_s=0.0031, message_s=0.0004)  # a run's
+    html = browser.get(f"/devices/{device.pk}/").content.decode()
+    assert "Fixed cost per micro-batch</dt><dd" in html and ">1.2 ms</dd>" in html
+    assert "Cost per message sent</dt><dd" in html and ">190 µs</dd>" in html
+    assert '"overhead_s": 0.0031, "message_s": 0.0004' in html  # the profile's, for its hint
+
+
 def test_rename_and_retire(browser: Client):
     device = DeviceFactory(name="old name")
     refused = browser.post(f"/devices/{device.pk}/", {"name": ""})

@@ -13,9 +13,10 @@ from channels.testing import WebsocketCommunicator
 
 from tests.webapp.factories import DeviceFactory, LayerProfileFactory, ModelSpecFactory, RunFactory
 from webapp.asgi import application
-from webapp.devices.models import Device
+from webapp.devices.models import Device, LayerProfile
 from webapp.runs import services
 from webapp.runs.models import FaultEvent, MetricPoint, Run, RunDevice, TimelineEvent
+from webapp.runs.selectors import run_planning_inputs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -213,6 +214,43 @@ def _holdings(spec: dict[str, Any], specs: list[dict[str, Any]], applied: int
     before = specs[(spec["stage"] - 1) % len(specs)]
     return [{"layers": spec["layers"], "applied": applied, "kind": "own"},
             {"layers": before["layers"], "applied": applied, "kind": "replica"}]
+
+
+def test_a_stage_measures_its_devices_overhead_and_the_run_keeps_the_one_it_was_planned_with(
+        ) -> None:
+    run, devices = planned_run()  # planned with the devices' overhead_s (their probes'): 0
+
+    async def scenario() -> tuple[dict[str, Any], str, Run]:
+        agents, _ = await _running(devices, run)()
+        await agents[0].send_json_to({"type": "stage_done", "run": run.pk, "overhead_s": -1})
+        refused = await agents[0].receive_json_from(timeout=5)
+        state = (await database_sync_to_async(RunDevice.objects.get)(
+            run=run, device=devices[0])).stage_state
+        for k, a in enumerate(agents):
+            await a.send_json_to({"type": "stage_done", "run": run.pk, **(
+                {"overhead_s": 0.004, "message_s": 0.0005} if k == 0 else {})})
+        for a in agents:
+            await a.disconnect()
+        return refused, state, await database_sync_to_async(Run.objects.get)(pk=run.pk)
+
+    refused, state, finished = async_to_sync(scenario)()
+    assert refused["type"] == "error" and refused["field"] == "overhead_s"
+    assert state == "running"  # the refused message changed nothing
+    assert finished.state == Run.State.FINISHED
+    # kept with the device's profile of the model (the device's probe figure stays)
+    profiles = [LayerProfile.objects.get(device=d, model_spec=run.model_spec) for d in devices]
+    assert [(p.overhead_s, p.message_s) for p in profiles] == [(0.004, 0.0005), (None, None),
+                                                                (None, None)]
+    assert [Device.objects.get(pk=d.pk).overhead_s for d in devices] == [0.0, 0.0, 0.0]
+    # the run's prediction stays the one it was planned with; a run planned now uses them
+    _, planned = run_planning_inputs(run=finished)
+    assert [(d.overhead_s, d.message_s) for d in planned.devices] == [(0.0, 0.0)] * 3
+    again = RunFactory(model_spec=run.model_spec, devices=devices, algorithms=["ftpipehd"],
+                       microbatches=4, batches=2)
+    services.run_plan(run=again)
+    _, planned = run_planning_inputs(run=again)
+    assert [(d.overhead_s, d.message_s) for d in planned.devices] == [
+        (0.004, 0.0005), (0.0, 0.0), (0.0, 0.0)]
 
 
 def test_an_agent_that_disappears_makes_the_run_recover_without_it() -> None:

@@ -266,7 +266,10 @@
       };
     };
     $("profile-total").textContent = "forward " + fmt.seconds(p.forward_s) + " · backward " +
-      fmt.seconds(p.backward_s) + " per micro-batch · measured " + fmt.when(p.measured_at);
+      fmt.seconds(p.backward_s) + " per micro-batch · measured " + fmt.when(p.measured_at) +
+      (p.overhead_s === null ? "" : " · in its last run: " + fmt.seconds(p.overhead_s) +
+        " fixed per micro-batch" + (p.message_s === null ? "" : ", " + fmt.seconds(p.message_s) +
+        " per message sent"));
     Plotly.react($("profile-chart"), [trace("forward_s", "forward", EP.charts.KINDS.forward.color),
                                       trace("backward_s", "backward", EP.charts.KINDS.backward.color)], {
       barmode: "group", height: 340, font: EP.plotFont, margin: { l: 60, r: 16, t: 8, b: 90 },
