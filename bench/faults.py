@@ -8,7 +8,10 @@ the server share its cores without fighting over them, as bench/runtime.py does)
 model (mlp on scikit-learn's digits, vgg5 on synthetic-cifar) and each scenario it trains one
 run per recovery policy with FTPipeHD's plan (every device, in order; ``--plan`` another
 planner's, whose recovery then re-plans with it too) and kills device agents
-with SIGKILL (a device losing power) a third of the way into the run:
+with SIGKILL (a device losing power) a third of the way into the run. Before a model's
+scenarios, a calibration run (fault-free, a third as long; ``--no-calibration`` skips it)
+measures every device's fixed costs for the model in a pipeline, so that the runs measured are
+planned, and their recoveries re-planned, with them, as a user's later runs of a model are:
 
 - ``middle``: the device of the middle stage (stage len // 2);
 - ``last``: the device of the last stage;
@@ -57,7 +60,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.testbed import free_port, setup_django  # noqa: E402  (the path above makes it importable)
 
-BASE_SLOWDOWN = 3.0  # every agent: four of them and the server on 2 cores
+# every agent: four of them and the server on 2 cores (at 3x their unpaced Python work kept the
+# cores busy, and the MLP's plans after a recovery measured 0.49-0.58 of their prediction)
+BASE_SLOWDOWN = 6.0
 SLOW = 2.0  # the slow agent, over the others
 DATASETS = {"mlp": "digits", "vgg5": "synthetic-cifar"}
 # batches per run: 5-25 s of training here (by the load), the kill a third of the way into the
@@ -393,6 +398,28 @@ HEADER = (f"{'model':5} {'scenario':11} {'policy':7} {'state':8} {'detect_s':>8}
           f"{'plan':>7} {'a/plan':>6} {'redone':>6} {'moved_kB':>8}  stages after")
 
 
+def calibration_run(testbed: Any, spec: int, *, model: str, planner: str, batches: int,
+                    microbatches: int, settings: dict[str, int]) -> int:
+    """A run of every device with nothing killed, so that each device's fixed costs for the
+    model (per micro-batch, per message sent) are measured by a pipeline, as a user's first
+    run of a model measures them, before the runs the bench measures are planned; its id."""
+    from webapp.demo.client import DemoError
+
+    run_id, row, _ = create_and_plan(testbed, spec, name=f"bench faults: {model} calibration",
+                                     policy="replan", planner=planner,
+                                     microbatches=microbatches, batches=batches,
+                                     settings=settings)
+    testbed.start(run_id, row["plan"])
+    summary = testbed.finish(run_id)
+    if summary["state"] != "finished":
+        raise DemoError(f"calibration run {run_id} ended {summary['state']}: "
+                        f"{summary['error']}")
+    say(f"  calibration run {run_id}: {summary['throughput_steady_sps']:.0f} samples/s, "
+        f"{summary['throughput_steady_sps'] / summary['throughput_steady_predicted_sps']:.2f} "
+        "of the prediction from the agents' probes")
+    return run_id
+
+
 def table_row(r: dict[str, Any]) -> str:
     return (f"{r['model']:5} {r['scenario']:11} {r['policy']:7} {r['state']:8} "
             f"{fmt(r['detection_s'], '.3f'):>8} {fmt(r['recovery_s'], '.3f'):>7} "
@@ -443,6 +470,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--base-slowdown", type=float, default=BASE_SLOWDOWN, metavar="X",
                         help=f"every agent's slowdown (default {BASE_SLOWDOWN:g}); the slow "
                              f"one runs {SLOW:g}x that")
+    parser.add_argument("--no-calibration", dest="calibrate", action="store_false",
+                        help="skip each model's first run, fault-free and a third as long, "
+                             "which measures every device's fixed costs for the model in a "
+                             "pipeline (later plans use them; without it the first measured "
+                             "run is planned with the agents' idle probes)")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run: mlp only, the middle scenario (unless --models or "
                              "--scenarios say otherwise), shorter runs")
@@ -487,6 +519,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         total = len(models) * len(scenarios) * len(policies)
         for model in models:
             spec = testbed.model_spec(model=model, dataset=DATASETS[model], batch_size=32)
+            if args.calibrate:
+                say(f"{model}: a calibration run")
+                calibration_run(testbed, spec, model=model, planner=args.plan,
+                                batches=max(1, counts[model] // 3),
+                                microbatches=args.microbatches, settings=settings[model])
+                restart_agents(testbed)
             for scenario in scenarios:
                 for policy in policies:
                     say(f"[{len(rows) + 1}/{total}] {model}, kill {scenario}, {policy}")
