@@ -101,9 +101,8 @@ def run_planning_inputs(*, run: Run) -> tuple[ModelProfile, DeviceSet]:
     and latency come from the device, ``overhead_s`` and ``message_s`` as they were when the
     run was planned (RunDevice: the profile's as a run measured them, else the device's
     probes'; the run's own stages measure them anew, and its prediction must not use that).
-    Device ids are the devices' uids. A device
-    without a profile for the run's model spec, or one whose profile has another number of
-    layers, is a PlanningError naming it.
+    Device ids are the devices' uids. A device without a profile for the run's model spec, or
+    one whose profile has another number of layers, is a PlanningError naming it.
     """
     rows = list(RunDevice.objects.filter(run=run).select_related("device"))
     devices = [rd.device for rd in rows]
