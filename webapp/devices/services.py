@@ -111,21 +111,17 @@ def device_heartbeat(*, device: Device, status: str) -> Device:
 
 
 def profile_costs_measured(*, device: Device, model_spec: ModelSpec, overhead_s: float,
-                           message_s: float | None = None) -> LayerProfile | None:
+                           message_s: float | None = None) -> bool:
     """What a micro-batch of ``model_spec`` cost a stage on ``device`` beyond its layers and
     its sends, and what a send cost, as a stage it just ran measured them: kept with the
     device's profile of the model, for the plans made from now on (a run keeps the figures it
     was planned with, RunDevice, so that its prediction is not fitted to its own
-    measurement). None without a profile."""
-    profile = LayerProfile.objects.filter(device=device, model_spec=model_spec).first()
-    if profile is not None:
-        profile.overhead_s = overhead_s
-        fields = ["overhead_s"]
-        if message_s is not None:
-            profile.message_s = message_s
-            fields.append("message_s")
-        profile.save(update_fields=fields)
-    return profile
+    measurement). False without a profile."""
+    fields: dict[str, float] = {"overhead_s": overhead_s}
+    if message_s is not None:
+        fields["message_s"] = message_s
+    return bool(LayerProfile.objects.filter(device=device, model_spec=model_spec)
+                .update(**fields))
 
 
 def devices_mark_offline(*, older_than_s: float,

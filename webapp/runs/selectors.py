@@ -133,11 +133,10 @@ def run_planning_inputs(*, run: Run) -> tuple[ModelProfile, DeviceSet]:
         total = sum(la.forward_s + la.backward_s for la in own.layers)
         if total <= 0:
             raise PlanningError(f"device {d.name!r} ({d.uid}) has a profile with no time")
-        overhead, per_message = planning_costs(device=d, profile=profiles[d.pk])
-        if planned[d.pk].overhead_s is not None:
-            overhead = planned[d.pk].overhead_s
-        if planned[d.pk].message_s is not None:
-            per_message = planned[d.pk].message_s
+        rd = planned[d.pk]  # run_plan sets both figures, or neither (a run planned before)
+        overhead, per_message = (
+            planning_costs(device=d, profile=profiles[d.pk]) if rd.overhead_s is None
+            or rd.message_s is None else (rd.overhead_s, rd.message_s))
         plan_devices.append(PlanDevice(
             id=d.uid, label=d.name, speed=ref_total / total, memory_bytes=d.memory_bytes,
             bandwidth_bps=d.bandwidth_bps, latency_s=d.latency_s, uplink_bps=d.uplink_bps,

@@ -138,10 +138,11 @@ def run_plan(*, run: Run, algorithms: Sequence[str] | None = None) -> Run:
     locked.save(update_fields=["chosen_plan"])
     profiles = {p.device_id: p for p in LayerProfile.objects.filter(
         model_spec=locked.model_spec, device__run_devices__run=locked)}
-    for rd in RunDevice.objects.filter(run=locked).select_related("device"):
+    rows = list(RunDevice.objects.filter(run=locked).select_related("device"))
+    for rd in rows:
         rd.overhead_s, rd.message_s = planning_costs(  # what these plans are made with
             device=rd.device, profile=profiles.get(rd.device_id))
-        rd.save(update_fields=["overhead_s", "message_s"])
+    RunDevice.objects.bulk_update(rows, ["overhead_s", "message_s"])
     Plan.objects.filter(run=locked).delete()
     plans = Plan.objects.bulk_create(Plan(run=locked, algorithm=a) for a in chosen)
     _transition(locked, RunState.PLANNING, action="plan", algorithms=chosen, error="")
