@@ -28,8 +28,9 @@ accuracy per micro-batch.
 What a micro-batch costs the stage beyond its paced passes (``fixed_costs``): over the steady
 state (from the fifth of its backwards on), its time less what it waited (for a neighbour's
 message, or paused) and less what its passes should take (the emulated factor times their warm
-times), per micro-batch, and what its sends took each. The agent turns them into its device's
-``overhead_s`` and ``message_s`` for the model (docs/architecture.md, "A device's fixed
+times), per micro-batch, and what its sends took each; and how much of it was spent inside the
+passes, beyond their paced time. The agent turns them into its device's ``overhead_s``,
+``message_s`` and ``pass_overhead_s`` for the model (docs/architecture.md, "A device's fixed
 overhead").
 """
 
@@ -227,6 +228,7 @@ class Mark:
     at: float
     waited_s: float
     paced_s: float
+    passed_s: float
     sent_s: float
     sends: int
     backwards: int
@@ -236,12 +238,16 @@ class Mark:
 class FixedCosts:
     """What a stage measured over its steady state, per micro-batch beyond its paced passes
     and waits (``fixed_s``, its sends included), and per send (``send_s``; None without
-    sends)."""
+    sends). ``pass_s``: the part of ``fixed_s`` spent inside the timed passes, beyond what
+    they should take (the loss, an autograd call's own cost, a sleep that woke late and could
+    not be repaid): their timeline events show it as the layers' work, which capacity
+    estimation must not count twice."""
 
     microbatches: int
     fixed_s: float
     sends_per_microbatch: float
     send_s: float | None
+    pass_s: float
 
 
 @dataclass
@@ -324,6 +330,7 @@ class StageExecutor:
         # at the latest backward
         self.waited_s = 0.0
         self.paced_s = 0.0
+        self.passed_s = 0.0  # inside the timed passes
         self.sent_s = 0.0  # in sends: encoding, handing to the data plane
         self.sends = 0
         self._steady_from = int(STEADY_FROM * sum(1 for a in self.actions if a.kind == "B"))
@@ -395,14 +402,17 @@ class StageExecutor:
         busy = (end.at - start.at) - (end.waited_s - start.waited_s)
         sent = end.sent_s - start.sent_s
         sends = end.sends - start.sends
+        paced = end.paced_s - start.paced_s
+        fixed = max(0.0, (busy - paced) / count)
         return FixedCosts(
-            microbatches=count,
-            fixed_s=max(0.0, (busy - (end.paced_s - start.paced_s)) / count),
-            sends_per_microbatch=sends / count, send_s=sent / sends if sends else None)
+            microbatches=count, fixed_s=fixed,
+            sends_per_microbatch=sends / count, send_s=sent / sends if sends else None,
+            pass_s=min(fixed, max(0.0, (end.passed_s - start.passed_s - paced) / count)))
 
     def _mark(self) -> None:
         mark = Mark(at=time.perf_counter(), waited_s=self.waited_s, paced_s=self.paced_s,
-                    sent_s=self.sent_s, sends=self.sends, backwards=len(self.result.backwards))
+                    passed_s=self.passed_s, sent_s=self.sent_s, sends=self.sends,
+                    backwards=len(self.result.backwards))
         if mark.backwards == self._steady_from + 1:
             self._steady = mark
         self._latest = mark
@@ -469,6 +479,7 @@ class StageExecutor:
         self.emulation.after(time.perf_counter() - begun, warm_s=warm_s)
         if warm_s is not None:
             self.paced_s += self.emulation.factor * warm_s
+        self.passed_s += time.perf_counter() - begun
         self.on_event(TimelineEvent(self.spec.run, self.spec.device, self.spec.stage, kind,
                                     microbatch, version, start, self.clock.now()))
         return out
@@ -558,19 +569,22 @@ class StageExecutor:
         stash = self.spec.vertical_sync or self.stash_for.get(m, False)
         params = self._weights(version) if stash else self.params
 
-        def work() -> torch.Tensor:
+        def work() -> tuple[torch.Tensor, torch.Tensor]:
             out = self._call(params, inputs)
             if self.spec.last:
                 assert labels is not None
-                loss = nn.functional.cross_entropy(out, labels)
-                accuracy = (out.argmax(dim=1) == labels).float().mean().item()
-                now = self.clock.now()
-                self.on_metric(Metric("loss", loss.item(), m, now))
-                self.on_metric(Metric("accuracy", accuracy, m, now))
-                return loss
-            return out
+                return nn.functional.cross_entropy(out, labels), out
+            return out, out
 
-        output = self._timed("forward", m, header_version, work)
+        output, logits = self._timed("forward", m, header_version, work)
+        if self.spec.last:
+            # measured outside the timed pass, whose event is the layers' work and the loss
+            # (capacity estimation compares it with the profile): this is overhead
+            assert labels is not None
+            accuracy = (logits.detach().argmax(dim=1) == labels).float().mean().item()
+            now = self.clock.now()
+            self.on_metric(Metric("loss", output.item(), m, now))
+            self.on_metric(Metric("accuracy", accuracy, m, now))
         self.in_flight[m] = _InFlight(version=version, header_version=header_version,
                                       inputs=inputs, output=output, params=params)
         self.result.forwards.append(m)

@@ -648,23 +648,26 @@ class AgentRuntime:
         return {"ok": True, "generation": deployment.spec.generation}
 
     def _measured_costs(self, deployment: Deployment) -> dict[str, float]:
-        """This device's ``overhead_s`` and ``message_s`` for the stage's model as the stage
-        just measured them, in the conditions it trained in (the other threads and processes
-        sharing the processor, the checkpoints and replicas): its fixed time per micro-batch
-        beyond its sends, and the time of a send. The server keeps them with the device's
-        profile of the model. Empty when the stage measured nothing."""
+        """This device's ``overhead_s``, ``message_s`` and ``pass_overhead_s`` for the stage's
+        model as the stage just measured them, in the conditions it trained in (the other
+        threads and processes sharing the processor, the checkpoints and replicas): its fixed
+        time per micro-batch beyond its sends, the time of a send, and how much of the fixed
+        time was spent inside the passes (their events count it). The server keeps them with
+        the device's profile of the model. Empty when the stage measured nothing."""
         costs = deployment.executor.fixed_costs()
         if costs is None:
             return {}
         sending = costs.sends_per_microbatch * (costs.send_s or 0.0)
-        out = {"overhead_s": max(0.0, costs.fixed_s - sending)}
+        overhead = max(0.0, costs.fixed_s - sending)
+        out = {"overhead_s": overhead, "pass_overhead_s": min(costs.pass_s, overhead)}
         if costs.send_s is not None:
             out["message_s"] = costs.send_s
         log.info("run %s, stage %s: a micro-batch cost %.3f ms beyond its passes over %d "
-                 "micro-batches, %.3f ms of it in %.1f sends: overhead %.3f ms, per message "
-                 "%s (the probes': %.3f ms, %.3f ms)", deployment.spec.run,
-                 deployment.spec.stage, costs.fixed_s * 1e3, costs.microbatches,
-                 sending * 1e3, costs.sends_per_microbatch, out["overhead_s"] * 1e3,
+                 "micro-batches, %.3f ms of it in %.1f sends: overhead %.3f ms (%.3f ms inside "
+                 "the passes), per message %s (the probes': %.3f ms, %.3f ms)",
+                 deployment.spec.run, deployment.spec.stage, costs.fixed_s * 1e3,
+                 costs.microbatches, sending * 1e3, costs.sends_per_microbatch, overhead * 1e3,
+                 out["pass_overhead_s"] * 1e3,
                  "-" if costs.send_s is None else f"{costs.send_s * 1e3:.3f} ms",
                  self.overhead_s * 1e3, self.message_s * 1e3)
         return out

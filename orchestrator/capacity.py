@@ -12,7 +12,7 @@ re-planning the pipeline.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from orchestrator.cost import CostModel
@@ -31,6 +31,40 @@ def _scaled(device: Device, factor: float) -> Device:
             forward_s=tuple(t / factor for t in times.forward_s),
             backward_s=tuple(t / factor for t in times.backward_s)),
     )
+
+
+STAGE_KINDS = ("forward", "backward", "update")
+
+
+def stage_seconds(events: Iterable[tuple[str, int, str, float, float]], *, last: int
+                  ) -> dict[str, float]:
+    """Each device's mean seconds of work per micro-batch (its forward, backward and update
+    events summed), over its ``last`` most recent micro-batches with both a forward and a
+    backward; devices with fewer than 3 are left out. ``events``: (device, micro-batch, kind,
+    start, end) rows, other kinds ignored.
+
+    The mean, not the median: a device's throughput is set by its mean time, and an emulated
+    device's paced passes are skewed (agent/emulation.py: a sleep that wakes late is repaid by
+    the next passes, which then run unpaced). On bench/faults.py the median read the MLP's
+    three first stages 1.16-1.49 times as fast as their profile, the mean 0.88-1.0, and a
+    recovery planned with the median left a device out."""
+    if last < 1:
+        raise ValueError(f"last must be at least 1, got {last!r}")
+    work: dict[str, dict[int, float]] = {}
+    kinds: dict[str, dict[int, set[str]]] = {}
+    for device, microbatch, kind, start, end in events:
+        if kind not in STAGE_KINDS:
+            continue
+        per = work.setdefault(device, {})
+        per[microbatch] = per.get(microbatch, 0.0) + (end - start)
+        kinds.setdefault(device, {}).setdefault(microbatch, set()).add(kind)
+    out = {}
+    for device, per in work.items():
+        complete = sorted((m for m in per if {"forward", "backward"} <= kinds[device][m]),
+                          reverse=True)[:last]
+        if len(complete) >= 3:
+            out[device] = math.fsum(per[m] for m in complete) / len(complete)
+    return out
 
 
 def capacity_ratios(cm: CostModel, plan: Plan, *, measured_s: Mapping[str, float]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 import torch
@@ -179,10 +180,11 @@ def test_an_emulated_stage_paces_each_pass_by_its_layers_warm_times() -> None:
     assert paced[6:] == [None] * 6  # no warm times: each pass multiplied as it went
 
 
-def two_stage_fixed_costs(extra_s: tuple[float, float], warm: LayerTimes
-                          ) -> tuple[FixedCosts, FixedCosts]:
+def two_stage_fixed_costs(extra_s: tuple[float, float], warm: LayerTimes, *,
+                          in_pass: bool = False) -> tuple[FixedCosts, FixedCosts]:
     """Each stage's fixed costs over a two-stage MLP pipeline of 150 micro-batches, with
-    ``extra_s`` more per micro-batch on each stage (its update sleeps)."""
+    ``extra_s`` more per micro-batch on each stage (after its update, or inside the update's
+    timed pass when ``in_pass``)."""
     net = build_model("mlp", input_shape=DIGITS.input_shape, num_classes=10)
     devices = ("d0", "d1")
     planes = {d: DataPlane(bind="tcp://127.0.0.1:0") for d in devices}
@@ -197,14 +199,24 @@ def two_stage_fixed_costs(extra_s: tuple[float, float], warm: LayerTimes
                           microbatches=150)
         executor = StageExecutor(stage, module=net.stage(*layers), plane=planes[devices[k]],
                                  clock=clock, dataset=DIGITS if k == 0 else None, warm=warm)
-        update = executor.handlers["U"]
+        if in_pass:
+            step = executor.optimizer.step
 
-        def costly(action: Action, update: Callable[[Action], None] = update,
-                   extra_s: float = extra_s[k]) -> None:
-            update(action)
-            time.sleep(extra_s)
+            def costly_step(grads: Any, step: Callable[[Any], None] = step,
+                            extra_s: float = extra_s[k]) -> None:
+                step(grads)
+                time.sleep(extra_s)
 
-        executor.handlers["U"] = costly
+            executor.optimizer.step = costly_step  # type: ignore[method-assign]
+        else:
+            update = executor.handlers["U"]
+
+            def costly(action: Action, update: Callable[[Action], None] = update,
+                       extra_s: float = extra_s[k]) -> None:
+                update(action)
+                time.sleep(extra_s)
+
+            executor.handlers["U"] = costly
         executors.append(executor)
     errors: list[BaseException] = []
 
@@ -242,6 +254,15 @@ def test_a_stage_measures_what_a_microbatch_costs_it_beyond_its_passes_and_waits
     assert [c.sends_per_microbatch for c in base] == pytest.approx([2.0, 1.0], abs=0.05)
     for costs in (*base, *slow):
         assert costs.send_s is not None and 0 < costs.send_s < costs.fixed_s
+    # the extra time came after the update's pass: none of it inside the passes
+    assert slow[1].pass_s - base[1].pass_s < 1e-3
+    # inside the update's pass (its timeline event shows it), the same fixed cost says so
+    inside = two_stage_fixed_costs((0.0, 6e-3), warm, in_pass=True)
+    assert inside[1].fixed_s - base[1].fixed_s >= 4e-3
+    assert inside[1].pass_s - base[1].pass_s >= 4e-3
+    assert inside[0].pass_s - base[0].pass_s < 1e-3
+    for costs in (*base, *slow, *inside):
+        assert 0 <= costs.pass_s <= costs.fixed_s
 
 
 def test_no_fixed_cost_is_measured_without_warm_times_or_a_steady_state() -> None:

@@ -120,6 +120,7 @@ def test_a_finished_stage_reports_the_overhead_it_measured(runtime: AgentRuntime
     done = [m for m in runtime.outbox if m["type"] == "stage_done"]
     assert len(done) == 1 and done[0]["backwards"] == 40
     assert 0 <= done[0]["overhead_s"] < 0.1
+    assert 0 <= done[0]["pass_overhead_s"] <= done[0]["overhead_s"]
     assert "message_s" not in done[0]  # alone: nothing sent
     assert runtime.overhead_s == 1.0
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.capacity import capacity_ratios, estimate_capacities
+from orchestrator.capacity import capacity_ratios, estimate_capacities, stage_seconds
 from orchestrator.cost import build_cost_model, evaluate
 from orchestrator.formats import DeviceSet, LayerTimes, Plan, Resource, Stage
 from orchestrator.partition import run_planner
@@ -56,6 +56,23 @@ def test_capacity_estimation_rejects_bad_measurements() -> None:
         estimate_capacities(cm, plan, measured_s={"a": 0})
     with pytest.raises(ValueError, match="smoothing must be in"):
         estimate_capacities(cm, plan, measured_s={"a": 1.0}, smoothing=0)
+
+
+def test_stage_seconds_is_the_mean_work_per_microbatch_of_complete_microbatches() -> None:
+    # a paced device: two micro-batches unpaced (their sleep repaid a late wake-up), one
+    # sleeping long; the median of the sums (0.1) would make it twice as fast as it is
+    events = []
+    for m in range(30):
+        forward = 0.4 if m % 3 == 0 else 0.05
+        events += [("a", m, "forward", m, m + forward), ("a", m, "backward", m + 0.5, m + 0.54),
+                   ("a", m, "update", m + 0.6, m + 0.61), ("a", m, "send", m, m + 5.0)]
+    events += [("a", 30, "forward", 30.0, 35.0)]  # in flight: no backward yet
+    events += [("b", 0, "forward", 0.0, 1.0), ("b", 0, "backward", 1.0, 2.0)]  # too few
+    assert stage_seconds(events, last=30) == {"a": pytest.approx(0.1 + 0.35 / 3)}
+    # only the latest ``last`` complete micro-batches count (28, 29: unpaced)
+    assert stage_seconds(events, last=3) == {"a": pytest.approx((0.45 + 0.1 + 0.1) / 3)}
+    with pytest.raises(ValueError, match="last"):
+        stage_seconds(events, last=0)
 
 
 def test_repartition_moves_layers_away_from_a_slowed_device() -> None:

@@ -74,6 +74,9 @@ class ProfileOutput(serializers.Serializer):
     message_s = serializers.FloatField(
         allow_null=True, help_text="the time a stage of the model on the device spent on each "
                                    "message it sent, as its last run measured it")
+    pass_overhead_s = serializers.FloatField(
+        allow_null=True, help_text="the part of overhead_s spent inside the stage's forward, "
+                                   "backward and update passes, as its last run measured it")
 
 
 class ProfileDetailOutput(ProfileOutput):

@@ -137,6 +137,10 @@ class LayerProfile(models.Model):
         null=True, blank=True,
         help_text="the time a stage of this model on the device spent on each message it "
                   "sent, as a run measured it")
+    pass_overhead_s = models.FloatField(
+        null=True, blank=True,
+        help_text="the part of overhead_s spent inside the stage's forward, backward and "
+                  "update passes (their timeline events count it), as a run measured it")
 
     class Meta:
         ordering = ("device_id", "model_spec_id")

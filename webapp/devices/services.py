@@ -111,13 +111,15 @@ def device_heartbeat(*, device: Device, status: str) -> Device:
 
 
 def profile_costs_measured(*, device: Device, model_spec: ModelSpec, overhead_s: float,
-                           message_s: float | None = None) -> bool:
+                           message_s: float | None = None,
+                           pass_overhead_s: float | None = None) -> bool:
     """What a micro-batch of ``model_spec`` cost a stage on ``device`` beyond its layers and
-    its sends, and what a send cost, as a stage it just ran measured them: kept with the
-    device's profile of the model, for the plans made from now on (a run keeps the figures it
-    was planned with, RunDevice, so that its prediction is not fitted to its own
-    measurement). False without a profile."""
-    fields: dict[str, float] = {"overhead_s": overhead_s}
+    its sends (``pass_overhead_s`` of it inside the passes), and what a send cost, as a stage
+    it just ran measured them: kept with the device's profile of the model, for the plans
+    made from now on (a run keeps the figures it was planned with, RunDevice, so that its
+    prediction is not fitted to its own measurement). False without a profile."""
+    fields: dict[str, float | None] = {"overhead_s": overhead_s,
+                                       "pass_overhead_s": pass_overhead_s}
     if message_s is not None:
         fields["message_s"] = message_s
     return bool(LayerProfile.objects.filter(device=device, model_spec=model_spec)

@@ -157,10 +157,14 @@ def _stage_done(device: Device, message: Message) -> Reply:
     generation = _field(message, "generation", int, required=False)
     overhead = _seconds(message, "overhead_s")  # what the stage measured, for later plans
     per_message = _seconds(message, "message_s")
+    in_passes = _seconds(message, "pass_overhead_s")
+    if in_passes is not None and (overhead is None or in_passes > overhead):
+        raise InvalidInput("pass_overhead_s", "must come with overhead_s and be at most it")
     run_services.run_stage_done(run=run, device=device, generation=generation)
     if overhead is not None:
         device_services.profile_costs_measured(device=device, model_spec=run.model_spec,
-                                               overhead_s=overhead, message_s=per_message)
+                                               overhead_s=overhead, message_s=per_message,
+                                               pass_overhead_s=in_passes)
     return None
 
 

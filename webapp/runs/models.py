@@ -107,6 +107,9 @@ class RunDevice(models.Model):
         null=True, blank=True, help_text="the device's overhead_s when the run was planned")
     message_s = models.FloatField(
         null=True, blank=True, help_text="the device's message_s when the run was planned")
+    pass_overhead_s = models.FloatField(
+        null=True, blank=True,
+        help_text="the part of overhead_s inside the passes when the run was planned")
 
     class Meta:
         ordering = ("run_id", "position")

@@ -17,17 +17,15 @@ polling to a recovery that must take seconds (the embedded broker polls once a s
 from __future__ import annotations
 
 import logging
-import statistics
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
 from django.db import close_old_connections, transaction
 
-from orchestrator.capacity import apply_capacities, capacity_ratios
+from orchestrator.capacity import apply_capacities, capacity_ratios, stage_seconds
 from orchestrator.cost import CostModel, build_cost_model
 from orchestrator.errors import FormatError, PlanningError
 from orchestrator.formats import DeviceSet, ModelProfile, parse_plan
@@ -80,21 +78,13 @@ def _subset(devices: DeviceSet, keep: Sequence[str]) -> DeviceSet:
 
 
 def measured_stage_s(*, run: Run, since_s: float) -> dict[str, float]:
-    """Each device's median time per micro-batch (forward + backward + update) over its recent
+    """Each device's mean time per micro-batch (forward + backward + update) over its recent
     micro-batches since ``since_s`` (run clock): what capacity estimation compares with the
-    cost model's prediction."""
+    cost model's prediction (orchestrator.capacity.stage_seconds)."""
     rows = (TimelineEvent.objects.filter(run=run, start__gte=since_s,
                                          kind__in=("forward", "backward", "update"))
-            .order_by("-start").values_list("device", "microbatch", "start", "end"))
-    per: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
-    for device, microbatch, start, end in rows[:MEASURED_MICROBATCHES * 3 * 8]:
-        per[device][microbatch] += end - start
-    out = {}
-    for device, by_microbatch in per.items():
-        times = sorted(by_microbatch.items(), reverse=True)[:MEASURED_MICROBATCHES]
-        if len(times) >= 3:
-            out[device] = statistics.median(t for _, t in times)
-    return out
+            .order_by("-start").values_list("device", "microbatch", "kind", "start", "end"))
+    return stage_seconds(rows[:MEASURED_MICROBATCHES * 3 * 8], last=MEASURED_MICROBATCHES)
 
 
 def _capacities(run: Run, profile: ModelProfile, devices: DeviceSet) -> dict[str, float]:
@@ -111,11 +101,14 @@ def _capacities(run: Run, profile: ModelProfile, devices: DeviceSet) -> dict[str
         current = parse_plan(run.recovery["plan"], profile=profile, devices=devices,
                              file="the current plan")
         compute = measured_stage_s(run=run, since_s=float(run.recovery.get("since_s", 0.0)))
-        # the events time the layers' work; the stage time the cost model predicts also has
-        # the device's fixed overhead and messages per micro-batch (CostModel.fixed_s)
+        # the events time the layers' work and the part of the device's fixed overhead spent
+        # inside the passes (the loss, a pass's own cost); the stage time the cost model
+        # predicts has the whole fixed overhead and the messages (CostModel.fixed_s)
+        in_passes = dict(RunDevice.objects.filter(run=run, pass_overhead_s__isnull=False)
+                         .values_list("device__uid", "pass_overhead_s"))
         layers = {d: (s.first, s.last) for s in current.stages for d in s.devices}
-        measured = {d: t + cm.fixed_s(cm.index(d), *layers[d]) for d, t in compute.items()
-                    if d in layers}
+        measured = {d: t - in_passes.get(d, 0.0) + cm.fixed_s(cm.index(d), *layers[d])
+                    for d, t in compute.items() if d in layers}
         ratios.update(capacity_ratios(cm, current, measured_s=measured))
     except (PlanningError, FormatError, ValueError) as exc:
         log.warning("run %s: capacities not re-estimated: %s", run.pk, exc)

@@ -220,27 +220,32 @@ def test_a_stage_measures_its_devices_overhead_and_the_run_keeps_the_one_it_was_
         ) -> None:
     run, devices = planned_run()  # planned with the devices' overhead_s (their probes'): 0
 
-    async def scenario() -> tuple[dict[str, Any], str, Run]:
+    async def scenario() -> tuple[list[dict[str, Any]], str, Run]:
         agents, _ = await _running(devices, run)()
-        await agents[0].send_json_to({"type": "stage_done", "run": run.pk, "overhead_s": -1})
-        refused = await agents[0].receive_json_from(timeout=5)
+        refused = []
+        for bad in ({"overhead_s": -1},  # more inside the passes than in all:
+                    {"overhead_s": 0.001, "pass_overhead_s": 0.002}):
+            await agents[0].send_json_to({"type": "stage_done", "run": run.pk, **bad})
+            refused.append(await agents[0].receive_json_from(timeout=5))
         state = (await database_sync_to_async(RunDevice.objects.get)(
             run=run, device=devices[0])).stage_state
         for k, a in enumerate(agents):
             await a.send_json_to({"type": "stage_done", "run": run.pk, **(
-                {"overhead_s": 0.004, "message_s": 0.0005} if k == 0 else {})})
+                {"overhead_s": 0.004, "message_s": 0.0005, "pass_overhead_s": 0.001}
+                if k == 0 else {})})
         for a in agents:
             await a.disconnect()
         return refused, state, await database_sync_to_async(Run.objects.get)(pk=run.pk)
 
     refused, state, finished = async_to_sync(scenario)()
-    assert refused["type"] == "error" and refused["field"] == "overhead_s"
-    assert state == "running"  # the refused message changed nothing
+    assert [(r["type"], r["field"]) for r in refused] == [("error", "overhead_s"),
+                                                          ("error", "pass_overhead_s")]
+    assert state == "running"  # the refused messages changed nothing
     assert finished.state == Run.State.FINISHED
     # kept with the device's profile of the model (the device's probe figure stays)
     profiles = [LayerProfile.objects.get(device=d, model_spec=run.model_spec) for d in devices]
-    assert [(p.overhead_s, p.message_s) for p in profiles] == [(0.004, 0.0005), (None, None),
-                                                                (None, None)]
+    assert [(p.overhead_s, p.message_s, p.pass_overhead_s) for p in profiles] == [
+        (0.004, 0.0005, 0.001), (None, None, None), (None, None, None)]
     assert [Device.objects.get(pk=d.pk).overhead_s for d in devices] == [0.0, 0.0, 0.0]
     # the run's prediction stays the one it was planned with; a run planned now uses them
     _, planned = run_planning_inputs(run=finished)
@@ -251,6 +256,8 @@ def test_a_stage_measures_its_devices_overhead_and_the_run_keeps_the_one_it_was_
     _, planned = run_planning_inputs(run=again)
     assert [(d.overhead_s, d.message_s) for d in planned.devices] == [
         (0.004, 0.0005), (0.0, 0.0), (0.0, 0.0)]
+    assert [rd.pass_overhead_s for rd in RunDevice.objects.filter(run=again)
+            .order_by("position")] == [0.001, None, None]
 
 
 def test_an_agent_that_disappears_makes_the_run_recover_without_it() -> None:

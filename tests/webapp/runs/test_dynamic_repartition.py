@@ -16,15 +16,20 @@ pytestmark = pytest.mark.django_db(transaction=True)  # planning runs on commit
 MICROBATCHES = 4
 
 
-def running_run(*, batches: int = 500, algorithm: str = "optimal") -> Run:
+def running_run(*, batches: int = 500, algorithm: str = "optimal",
+                measured: tuple[float, float | None] | None = None) -> Run:
     """A run of three devices profiled alike, started with the ``algorithm``'s plan (the
-    plan a re-partition compares with: three stages); every agent acked its stage."""
+    plan a re-partition compares with: three stages); every agent acked its stage.
+    ``measured``: the first device's ``overhead_s`` and ``pass_overhead_s`` as an earlier
+    run measured them."""
     spec = ModelSpecFactory()
     devices = [DeviceFactory(status=Device.Status.ONLINE) for _ in range(3)]
     for k, device in enumerate(devices):
         device.control_channel = f"channel-{k}"
         device.save()
-        LayerProfileFactory(device=device, model_spec=spec)
+        overhead, in_passes = measured if measured and k == 0 else (None, None)
+        LayerProfileFactory(device=device, model_spec=spec, overhead_s=overhead,
+                            pass_overhead_s=in_passes)
     run = RunFactory(model_spec=spec, devices=devices, algorithms=[algorithm],
                      microbatches=MICROBATCHES, batches=batches)
     services.run_plan(run=run)
@@ -37,9 +42,11 @@ def running_run(*, batches: int = 500, algorithm: str = "optimal") -> Run:
     return run
 
 
-def train(run: Run, *, slower: dict[int, float], microbatches: int = 64) -> None:
+def train(run: Run, *, slower: dict[int, float], microbatches: int = 64,
+          in_pass: dict[int, float] | None = None) -> None:
     """Store timeline events as if each stage ran at its profiled speed, the stages named in
-    ``slower`` that many times slower."""
+    ``slower`` that many times slower, those in ``in_pass`` with that many seconds more in
+    their passes (a fixed cost, not the layers)."""
     stages = run.recovery["plan"]["stages"]
     # the profile: layer i takes 0.03 (i + 1) s forward and backward on every device
     times = []
@@ -47,7 +54,7 @@ def train(run: Run, *, slower: dict[int, float], microbatches: int = 64) -> None
         device = stage["devices"][0]
         a, e = stage["layers"]
         work = sum(0.03 * (i + 1) for i in range(a, e + 1))
-        times.append((device, k, work * slower.get(k, 1.0)))
+        times.append((device, k, work * slower.get(k, 1.0) + (in_pass or {}).get(k, 0.0)))
     period = max(t for _, _, t in times)
     records = []
     for m in range(microbatches):
@@ -166,3 +173,25 @@ def test_a_copy_of_the_run_that_is_not_due_ends_the_check_and_a_due_one_is_check
     fresh.refresh_from_db()
     assert fresh.recovery["next_check"] == 64 + run.repartition_every * MICROBATCHES
     assert recovery.run_repartition_check(run_id=run.pk, progress=70, seen=fresh) is None
+
+
+def test_a_fixed_cost_inside_the_passes_is_not_read_as_a_slower_device() -> None:
+    # a device whose passes hold 50 ms of fixed cost a micro-batch (the last stage's loss, a
+    # pass's own cost), which an earlier run measured as its overhead_s: when that run also
+    # said the 50 ms are inside the passes (pass_overhead_s), the events agree with the plan
+    # and nothing moves; without it, the device looks slower than profiled
+    predicted = []
+    for in_passes in (0.05, None):
+        run = running_run(measured=(0.05, in_passes))
+        device = RunDevice.objects.get(run=run, position=0).device.uid
+        stage = next(k for k, s in enumerate(run.recovery["plan"]["stages"])
+                     if device in s["devices"])
+        train(run, slower={}, in_pass={stage: 0.05})
+        assert recovery.run_repartition_check(run_id=run.pk, progress=64) is not None
+        run.refresh_from_db()
+        if in_passes:
+            assert run.state == Run.State.RUNNING
+            skipped = FaultEvent.objects.get(run=run, kind="repartition_skipped")
+            assert skipped.detail["saved_s"] == 0
+        predicted.append(run.recovery["estimate"]["predicted_throughput_sps"])
+    assert predicted[1] < 0.95 * predicted[0]
