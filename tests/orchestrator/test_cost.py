@@ -131,12 +131,12 @@ def test_inflight_covers_the_1f1b_cycles() -> None:
         return needed_inflight(Prediction(period, "", 1.0, True, stage_s, boundary_s))
 
     assert depths((1.0, 1.0, 1.0, 1.0), (0.0, 0.0, 0.0)) == (4, 3, 2, 1)  # PipeDream's S - k
-    # a cycle that crosses a link keeps half a period to spare (a late message), and a transfer
+    # a cycle that crosses a link keeps a period to spare (late messages), and a transfer
     # that does not fit in the stages' spare time needs one more micro-batch
-    assert depths((0.4, 1.0), (0.05,)) == (2, 1)  # 0.4 + 1 + 0.05 + slack 0.5 <= 2 periods
-    assert depths((0.5, 1.0), (0.0001,)) == (3, 1)  # ... but not 0.5 + 1 + 0.0001 + 0.5
-    assert depths((1.0, 1.0), (0.5,)) == (3, 1)
-    assert depths((1.0, 1.0, 1.0), (0.2, 0.2)) == (5, 3, 1)
+    assert depths((0.4, 1.0), (0.0,)) == (2, 1)  # no transfer: no link to be late
+    assert depths((0.4, 1.0), (0.05,)) == (3, 1)  # 0.4 + 1 + 0.05 + slack 1 > 2 periods
+    assert depths((1.0, 1.0), (0.5,)) == (4, 1)  # 1 + 1 + 0.5 + 1 > 3 periods
+    assert depths((1.0, 1.0, 1.0), (0.2, 0.2)) == (7, 4, 1)
 
 
 def test_inflight_is_capped_by_memory_and_keeps_falling() -> None:
