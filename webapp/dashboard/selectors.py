@@ -254,33 +254,37 @@ def plan_ghost_timeline(*, run: Run, plan: Plan, start_s: float, end_s: float
     """The planned events of ``plan`` between ``start_s`` and ``end_s`` of run time: what the
     devices would be doing had they kept to the plan since the run's first measured event.
 
-    Three batches are simulated; the first is taken as simulated (pipeline fill), and the
-    second, the steady state, is repeated every batch period (the time between the first
-    forwards of batches 1 and 2) for the run's remaining batches, its micro-batches and
-    versions numbered on. So an hours-long run needs no hours-long simulation."""
+    The batches until the pipeline is full are taken as simulated (the fill: one batch, more
+    when a stage keeps more micro-batches in flight than a batch has), and the next, the
+    steady state, is repeated every batch period (the time between the first forwards of it
+    and of the batch after) for the run's remaining batches, its micro-batches and versions
+    numbered on. So an hours-long run needs no hours-long simulation."""
     m = run.microbatches
-    _, _, result = _simulated(run, plan, 3)
+    depth = max(plan.document.get("inflight") or [1])
+    total_batches = run.batches * run.epochs
+    steady = max(1, min(math.ceil(depth / m), total_batches - 1))  # the template batch
+    _, _, result = _simulated(run, plan, steady + 2)
     anchor = run_anchor_s(run=run)
     lo, hi = start_s - anchor, end_s - anchor
     first_forward: dict[int, TimelineEvent] = {}
     for e in result.events:
-        if e.kind == "forward" and e.stage == 0 and e.microbatch in (m, 2 * m):
+        if e.kind == "forward" and e.stage == 0 and e.microbatch in (steady * m,
+                                                                      (steady + 1) * m):
             first_forward.setdefault(e.microbatch, e)
-    head = [e for e in result.events if e.microbatch < m]
-    template = [e for e in result.events if m <= e.microbatch < 2 * m]
-    period = first_forward[2 * m].start - first_forward[m].start
-    dv = first_forward[2 * m].version - first_forward[m].version
-    total_batches = run.batches * run.epochs
+    head = [e for e in result.events if e.microbatch < min(steady, total_batches) * m]
+    template = [e for e in result.events if steady * m <= e.microbatch < (steady + 1) * m]
+    period = first_forward[(steady + 1) * m].start - first_forward[steady * m].start
+    dv = first_forward[(steady + 1) * m].version - first_forward[steady * m].version
     out = [_shifted(e, anchor, 0, 0) for e in head if e.end >= lo and e.start <= hi]
-    if template and period > 0 and total_batches > 1:
+    if template and period > 0 and total_batches > steady:
         t_min = min(e.start for e in template)
         t_max = max(e.end for e in template)
-        first = max(1, math.ceil((lo - t_max) / period) + 1)
-        last = min(total_batches - 1, math.floor((hi - t_min) / period) + 1)
+        first = max(steady, math.ceil((lo - t_max) / period) + steady)
+        last = min(total_batches - 1, math.floor((hi - t_min) / period) + steady)
         for j in range(first, last + 1):
-            dt = (j - 1) * period
-            out.extend(_shifted(e, anchor + dt, (j - 1) * m, (j - 1) * dv) for e in template
-                       if e.end + dt >= lo and e.start + dt <= hi)
+            dt = (j - steady) * period
+            out.extend(_shifted(e, anchor + dt, (j - steady) * m, (j - steady) * dv)
+                       for e in template if e.end + dt >= lo and e.start + dt <= hi)
             if len(out) >= MAX_GHOST_EVENTS:
                 break
     out.sort(key=lambda e: (e["start"], e["end"], e["device"], e["kind"]))
