@@ -271,7 +271,7 @@ def plan_ghost_timeline(*, run: Run, plan: Plan, start_s: float, end_s: float
         if e.kind == "forward" and e.stage == 0 and e.microbatch in (steady * m,
                                                                       (steady + 1) * m):
             first_forward.setdefault(e.microbatch, e)
-    head = [e for e in result.events if e.microbatch < min(steady, total_batches) * m]
+    head = [e for e in result.events if e.microbatch < steady * m]
     template = [e for e in result.events if steady * m <= e.microbatch < (steady + 1) * m]
     period = first_forward[(steady + 1) * m].start - first_forward[steady * m].start
     dv = first_forward[(steady + 1) * m].version - first_forward[steady * m].version
