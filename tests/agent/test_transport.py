@@ -12,6 +12,7 @@ import zmq
 
 from agent.transport import (
     DataPlane,
+    Header,
     SendRecord,
     Shaping,
     TransportError,
@@ -197,6 +198,33 @@ def test_links_are_measured_over_the_data_plane() -> None:
     finally:
         slow.close()
         fast.close()
+
+
+def test_a_bulk_round_trip_slowed_by_a_stall_does_not_set_the_bandwidth() -> None:
+    a = DataPlane(bind="tcp://127.0.0.1:0", identity="a")
+    b = DataPlane(bind="tcp://127.0.0.1:0", identity="b")
+    answer = b._answer_ping
+    answered: list[int] = []
+
+    def stalled(sender: str, header: Header) -> None:
+        answered.append(header.microbatch)
+        if len(answered) == 9:  # the first bulk trip, after 8 pings (as a busy core would)
+            time.sleep(0.25)
+        answer(sender, header)
+
+    b._answer_ping = stalled  # type: ignore[method-assign]
+    try:
+        a.connect("b", b.address)
+        b.connect("a", a.address)
+        bandwidth, _ = a.measure_link("b", pings=8, bulk_bytes=1_000_000)
+        assert len(answered) == 8 + 4  # four bulk trips on a fast link
+        assert bandwidth > 50e6  # loopback: the stalled trip alone read under 4 MB/s
+        answered.clear()
+        alone, _ = a.measure_link("b", pings=8, bulk_bytes=1_000_000, bulk_trips=1)
+        assert alone < 4.5e6  # what a single trip made of the stall
+    finally:
+        a.close()
+        b.close()
 
 
 def test_a_send_with_its_header_reports_that_header_and_delivers() -> None:
