@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from orchestrator.cost import CostModel
 from orchestrator.formats import Device, DeviceSet, LayerTimes, Plan, Resource
@@ -108,3 +108,43 @@ def apply_capacities(devices: DeviceSet, ratios: Mapping[str, float]) -> DeviceS
         devices=tuple(_scaled(d, ratios[d.id]) if d.id in ratios else d
                       for d in devices.devices),
         links=devices.links, file=devices.file)
+
+
+COST_KEEP = 0.5  # of a device's kept fixed-cost figures when a run measures them again
+
+
+@dataclass(frozen=True)
+class FixedCostFigures:
+    """A device's fixed costs for one model, as its stages measure them in runs: a
+    micro-batch's cost beyond its layers and its sends, the part of it inside the timed
+    passes (at most all of it), and the cost of a send (None: not measured)."""
+
+    overhead_s: float
+    pass_overhead_s: float | None = None
+    message_s: float | None = None
+
+
+def fixed_costs_blended(kept: FixedCostFigures | None, measured: FixedCostFigures, *,
+                        keep: float = COST_KEEP) -> FixedCostFigures:
+    """The figures to keep after a run measured ``measured``: an exponentially weighted mean
+    of the runs' figures, ``keep`` of the kept one and the rest of the new one (a figure
+    only one side has is taken as it is). The same device's figures moved by up to 30% from one
+    run to the next on a shared machine, and the last one winning had the planners choose
+    plans for costs that happened to read low; a device that changed for good is followed
+    within a few runs. The part inside the passes stays at most the whole."""
+    if not 0 <= keep < 1:
+        raise ValueError(f"keep must be in [0, 1), got {keep}")
+    if kept is None:
+        return measured
+
+    def mean(old: float | None, new: float | None) -> float | None:
+        if old is None or new is None:
+            return new if old is None else old
+        return keep * old + (1 - keep) * new
+
+    overhead = mean(kept.overhead_s, measured.overhead_s)
+    assert overhead is not None
+    inside = mean(kept.pass_overhead_s, measured.pass_overhead_s)
+    return FixedCostFigures(overhead_s=overhead,
+                            pass_overhead_s=None if inside is None else min(inside, overhead),
+                            message_s=mean(kept.message_s, measured.message_s))

@@ -7,7 +7,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.capacity import capacity_ratios, estimate_capacities, stage_seconds
+from orchestrator.capacity import (
+    FixedCostFigures,
+    capacity_ratios,
+    estimate_capacities,
+    fixed_costs_blended,
+    stage_seconds,
+)
 from orchestrator.cost import build_cost_model, evaluate
 from orchestrator.formats import DeviceSet, LayerTimes, Plan, Resource, Stage
 from orchestrator.partition import run_planner
@@ -73,6 +79,39 @@ def test_stage_seconds_is_the_mean_work_per_microbatch_of_complete_microbatches(
     assert stage_seconds(events, last=3) == {"a": pytest.approx((0.45 + 0.1 + 0.1) / 3)}
     with pytest.raises(ValueError, match="last"):
         stage_seconds(events, last=0)
+
+
+def test_fixed_costs_blend_the_kept_figures_with_a_runs_measurement() -> None:
+    first = FixedCostFigures(overhead_s=0.4, pass_overhead_s=0.1, message_s=0.3)
+    assert fixed_costs_blended(None, first) == first  # nothing kept: the run's
+    noisy = FixedCostFigures(overhead_s=0.8, pass_overhead_s=0.3, message_s=None)
+    blended = fixed_costs_blended(first, noisy)
+    assert blended.overhead_s == pytest.approx(0.6)  # half way: one run does not win
+    assert blended.pass_overhead_s == pytest.approx(0.2)
+    assert blended.message_s == 0.3  # not measured this time: kept
+    # a device that changed for good is followed: within 1% after seven runs
+    figures = first
+    for _ in range(7):
+        figures = fixed_costs_blended(figures, FixedCostFigures(overhead_s=1.0))
+    assert figures.overhead_s == pytest.approx(1.0, rel=0.01)
+    assert figures.pass_overhead_s == 0.1
+    with pytest.raises(ValueError, match="keep"):
+        fixed_costs_blended(first, noisy, keep=1.0)
+
+
+@given(st.lists(st.tuples(st.floats(0, 1), st.floats(0, 1)), min_size=1, max_size=6),
+       st.floats(0, 0.99))
+def test_blended_figures_stay_within_the_runs_and_inside_the_overhead(
+        runs: list[tuple[float, float]], keep: float) -> None:
+    figures = None
+    for overhead, inside in runs:
+        measured = FixedCostFigures(overhead_s=overhead, pass_overhead_s=min(inside, overhead))
+        figures = fixed_costs_blended(figures, measured, keep=keep)
+        assert figures.pass_overhead_s is not None
+        assert figures.pass_overhead_s <= figures.overhead_s
+    assert figures is not None
+    overheads = [o for o, _ in runs]
+    assert min(overheads) - 1e-12 <= figures.overhead_s <= max(overheads) + 1e-12
 
 
 def test_repartition_moves_layers_away_from_a_slowed_device() -> None:

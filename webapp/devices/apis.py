@@ -69,14 +69,15 @@ class ProfileOutput(serializers.Serializer):
     measured_at = serializers.DateTimeField()
     overhead_s = serializers.FloatField(
         allow_null=True, help_text="the fixed time a micro-batch of the model cost a stage on "
-                                   "the device beyond its layers and its sends, as its last "
-                                   "run measured it")
+                                   "the device beyond its layers and its sends, as its runs "
+                                   "measured it (a weighted mean)")
     message_s = serializers.FloatField(
         allow_null=True, help_text="the time a stage of the model on the device spent on each "
-                                   "message it sent, as its last run measured it")
+                                   "message it sent, as its runs measured it (a weighted mean)")
     pass_overhead_s = serializers.FloatField(
         allow_null=True, help_text="the part of overhead_s spent inside the stage's forward, "
-                                   "backward and update passes, as its last run measured it")
+                                   "backward and update passes, as its runs measured it (a "
+                                   "weighted mean)")
 
 
 class ProfileDetailOutput(ProfileOutput):

@@ -127,20 +127,22 @@ class LayerProfile(models.Model):
     forward_s = models.FloatField(help_text="sum over the layers")
     backward_s = models.FloatField(help_text="sum over the layers")
     measured_at = models.DateTimeField(default=timezone.now)
-    # as the device's last stage of the model measured them in a run (None: none did; planning
-    # uses the device's own, its agent's probes)
+    # as the device's stages of the model measured them in runs, each run's blended in
+    # (orchestrator.capacity.fixed_costs_blended; None: none did, and planning uses the
+    # device's own, its agent's probes)
     overhead_s = models.FloatField(
         null=True, blank=True,
         help_text="the fixed time a micro-batch of this model cost a stage on the device "
-                  "beyond its layers and its sends, as a run measured it")
+                  "beyond its layers and its sends, as runs measured it (a weighted mean)")
     message_s = models.FloatField(
         null=True, blank=True,
         help_text="the time a stage of this model on the device spent on each message it "
-                  "sent, as a run measured it")
+                  "sent, as runs measured it (a weighted mean)")
     pass_overhead_s = models.FloatField(
         null=True, blank=True,
         help_text="the part of overhead_s spent inside the stage's forward, backward and "
-                  "update passes (their timeline events count it), as a run measured it")
+                  "update passes (their timeline events count it), as runs measured it (a "
+                  "weighted mean)")
 
     class Meta:
         ordering = ("device_id", "model_spec_id")

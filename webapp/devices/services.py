@@ -14,6 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
+from orchestrator.capacity import FixedCostFigures, fixed_costs_blended
 from orchestrator.errors import FormatError
 from orchestrator.formats import ModelProfile, parse_profile
 from webapp.common.exceptions import Conflict, InvalidInput
@@ -110,20 +111,30 @@ def device_heartbeat(*, device: Device, status: str) -> Device:
     return device
 
 
+@transaction.atomic
 def profile_costs_measured(*, device: Device, model_spec: ModelSpec, overhead_s: float,
                            message_s: float | None = None,
                            pass_overhead_s: float | None = None) -> bool:
     """What a micro-batch of ``model_spec`` cost a stage on ``device`` beyond its layers and
     its sends (``pass_overhead_s`` of it inside the passes), and what a send cost, as a stage
-    it just ran measured them: kept with the device's profile of the model, for the plans
-    made from now on (a run keeps the figures it was planned with, RunDevice, so that its
-    prediction is not fitted to its own measurement). False without a profile."""
-    fields: dict[str, float | None] = {"overhead_s": overhead_s,
-                                       "pass_overhead_s": pass_overhead_s}
-    if message_s is not None:
-        fields["message_s"] = message_s
-    return bool(LayerProfile.objects.filter(device=device, model_spec=model_spec)
-                .update(**fields))
+    it just ran measured them: blended into the figures kept with the device's profile of the
+    model (orchestrator.capacity.fixed_costs_blended), for the plans made from now on (a run
+    keeps the figures it was planned with, RunDevice, so that its prediction is not fitted to
+    its own measurement). False without a profile."""
+    profile = (LayerProfile.objects.select_for_update()
+               .filter(device=device, model_spec=model_spec).first())
+    if profile is None:
+        return False
+    kept = None if profile.overhead_s is None else FixedCostFigures(
+        overhead_s=profile.overhead_s, pass_overhead_s=profile.pass_overhead_s,
+        message_s=profile.message_s)
+    blended = fixed_costs_blended(kept, FixedCostFigures(
+        overhead_s=overhead_s, pass_overhead_s=pass_overhead_s, message_s=message_s))
+    profile.overhead_s = blended.overhead_s
+    profile.pass_overhead_s = blended.pass_overhead_s
+    profile.message_s = blended.message_s
+    profile.save(update_fields=["overhead_s", "pass_overhead_s", "message_s"])
+    return True
 
 
 def devices_mark_offline(*, older_than_s: float,

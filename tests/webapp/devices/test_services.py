@@ -6,6 +6,7 @@ from django.utils import timezone
 from tests.webapp.factories import (
     DeviceFactory,
     EnrollmentTokenFactory,
+    LayerProfileFactory,
     ModelSpecFactory,
     UserFactory,
     profile_document,
@@ -155,3 +156,26 @@ def test_profile_upload_names_the_bad_layer_field():
                                       document=document)
     assert caught.value.errors[0].field == "profile.layers[2].forward_s"
     assert caught.value.errors[0].reason == "must not be negative"
+
+
+def test_a_runs_fixed_costs_are_blended_into_the_profiles_figures():
+    profile = LayerProfileFactory()
+    device, spec = profile.device, profile.model_spec
+    assert services.profile_costs_measured(device=device, model_spec=spec, overhead_s=0.0004,
+                                           message_s=0.0003, pass_overhead_s=0.0001)
+    profile.refresh_from_db()  # the first measurement is kept as it is
+    assert (profile.overhead_s, profile.message_s, profile.pass_overhead_s) == (
+        0.0004, 0.0003, 0.0001)
+    # a second run's: half way (one noisy run does not decide the next plans); a figure it
+    # did not measure stays
+    services.profile_costs_measured(device=device, model_spec=spec, overhead_s=0.0008,
+                                    pass_overhead_s=0.0003)
+    profile.refresh_from_db()
+    assert profile.overhead_s == pytest.approx(0.0006)
+    assert profile.pass_overhead_s == pytest.approx(0.0002)
+    assert profile.message_s == 0.0003
+    # another model's profile, or none: nothing changes
+    other = ModelSpecFactory(model="vgg5")
+    assert not services.profile_costs_measured(device=device, model_spec=other,
+                                               overhead_s=0.001)
+    assert LayerProfile.objects.get(pk=profile.pk).overhead_s == pytest.approx(0.0006)
