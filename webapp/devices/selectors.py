@@ -49,12 +49,15 @@ def device_link_list() -> QuerySet[DeviceLink]:
     return DeviceLink.objects.select_related("source", "target")
 
 
-def planning_costs(*, device: Device, profile: LayerProfile | None) -> tuple[float, float]:
-    """``(overhead_s, message_s)`` of ``device`` for planning a model it has ``profile`` of:
-    as a run measured them (kept with the profile), else its agent's probes (the device's
-    own)."""
+def planning_costs(*, device: Device, profile: LayerProfile | None
+                   ) -> tuple[float, float, float | None]:
+    """``(overhead_s, message_s, pass_overhead_s)`` of ``device`` for planning a model it has
+    ``profile`` of: as runs measured them (kept with the profile), else its agent's probes (the
+    device's own), which measure none inside the passes (``pass_overhead_s`` None)."""
     overhead, message = device.overhead_s, device.message_s
+    in_passes = None
     if profile is not None:
-        overhead = overhead if profile.overhead_s is None else profile.overhead_s
+        if profile.overhead_s is not None:  # a run's, with the part inside its passes
+            overhead, in_passes = profile.overhead_s, profile.pass_overhead_s
         message = message if profile.message_s is None else profile.message_s
-    return overhead, message
+    return overhead, message, in_passes

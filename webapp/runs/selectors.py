@@ -135,7 +135,7 @@ def run_planning_inputs(*, run: Run) -> tuple[ModelProfile, DeviceSet]:
             raise PlanningError(f"device {d.name!r} ({d.uid}) has a profile with no time")
         rd = planned[d.pk]  # run_plan sets both figures, or neither (a run planned before)
         overhead, per_message = (
-            planning_costs(device=d, profile=profiles[d.pk]) if rd.overhead_s is None
+            planning_costs(device=d, profile=profiles[d.pk])[:2] if rd.overhead_s is None
             or rd.message_s is None else (rd.overhead_s, rd.message_s))
         plan_devices.append(PlanDevice(
             id=d.uid, label=d.name, speed=ref_total / total, memory_bytes=d.memory_bytes,

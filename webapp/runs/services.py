@@ -140,11 +140,8 @@ def run_plan(*, run: Run, algorithms: Sequence[str] | None = None) -> Run:
         model_spec=locked.model_spec, device__run_devices__run=locked)}
     rows = list(RunDevice.objects.filter(run=locked).select_related("device"))
     for rd in rows:
-        profile = profiles.get(rd.device_id)
-        rd.overhead_s, rd.message_s = planning_costs(  # what these plans are made with
-            device=rd.device, profile=profile)
-        # the probes measure none inside the passes: a run's figure, or None
-        rd.pass_overhead_s = None if profile is None else profile.pass_overhead_s
+        rd.overhead_s, rd.message_s, rd.pass_overhead_s = planning_costs(  # these plans'
+            device=rd.device, profile=profiles.get(rd.device_id))
     RunDevice.objects.bulk_update(rows, ["overhead_s", "message_s", "pass_overhead_s"])
     Plan.objects.filter(run=locked).delete()
     plans = Plan.objects.bulk_create(Plan(run=locked, algorithm=a) for a in chosen)
