@@ -610,6 +610,8 @@ class AgentRuntime:
         begin_at = float(command.get("begin_at") or started_at)
         deployment.clock.started_at = started_at
         deployment.clock.offset_s = self.offset_s
+        if command.get("paused"):  # a paused run's recovery: built, waiting for "resume"
+            deployment.running.clear()
         # the commit: every device of the new generation is ready, nobody fetches any more
         self.stores.setdefault(deployment.spec.run, WeightStore()).commit(
             deployment.spec.generation)

@@ -125,6 +125,23 @@ def test_a_finished_stage_reports_the_overhead_it_measured(runtime: AgentRuntime
     assert runtime.overhead_s == 1.0
 
 
+def test_a_stage_started_paused_trains_only_once_resumed(runtime: AgentRuntime) -> None:
+    alone = spec(stage_devices=[[ENROLMENT.uid]], stage_times_s=[[1.0]], layers=[0, 3],
+                 microbatches=8)
+    assert runtime.handle_command(command("deploy", run=7, spec=alone, peers={}))["ok"]
+    # a paused run's recovery starts its new generation this way
+    assert runtime.handle_command(command("start", run=7, started_at=time.time(),
+                                          paused=True))["ok"]
+    deployment = runtime.deployments[7]
+    time.sleep(0.5)
+    assert deployment.thread is not None and deployment.thread.is_alive()
+    assert deployment.executor.applied == 0  # waiting, not training
+    assert runtime.handle_command(command("resume", run=7))["ok"]
+    deployment.thread.join(timeout=60)
+    done = [m for m in runtime.outbox if m["type"] == "stage_done"]
+    assert len(done) == 1 and done[0]["backwards"] == 8
+
+
 def test_profiling_on_command_reports_progress_then_the_profile(runtime: AgentRuntime) -> None:
     ack = runtime.handle_command(command("profile", model="mlp", dataset="digits",
                                          batch_size=8))

@@ -1,8 +1,9 @@
 """Fault tolerance with real processes: `manage.py demo --headless --kill-agent-at` trains the MLP
 on digits through three agent processes and SIGKILLs agents mid-run (the middle stage's, the last
-stage's, both at once). The run recovers on the survivors and finishes; every micro-batch's
-update is applied exactly once in the weights the run ends with; the loss goes on from where it
-was; the recovery is on the run's timeline."""
+stage's, both at once; the middle stage's while the run is paused, `--pause-at`). The run
+recovers on the survivors and finishes; every micro-batch's update is applied exactly once in
+the weights the run ends with; the loss goes on from where it was; the recovery is on the run's
+timeline."""
 
 from __future__ import annotations
 
@@ -23,7 +24,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 MICROBATCHES, BATCHES = 8, 150
 TOTAL = MICROBATCHES * BATCHES
-SCENARIOS = {"middle": "demo-slow", "last": "demo-slowlink", "two": "demo-slow,demo-slowlink"}
+SCENARIOS = {"middle": "demo-slow", "last": "demo-slowlink", "two": "demo-slow,demo-slowlink",
+             "paused": "demo-slow"}
+# the run paused at 2 s and resumed 2.5 s later (once paused), the agent killed in between
+EXTRA = {"paused": ["--pause-at", "2.0", "--pause-for", "2.5"]}
 
 
 @pytest.fixture(scope="module")
@@ -31,14 +35,14 @@ def var(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("faults")  # shared: later scenarios reuse the profiles
 
 
-def demo(var: Path, kill: str) -> dict[str, Any]:
+def demo(var: Path, kill: str, extra: list[str]) -> dict[str, Any]:
     env = child_env(EDGEPIPE_VAR_DIR=str(var), DJANGO_SETTINGS_MODULE="webapp.settings.local")
     result = subprocess.run(
         [sys.executable, "manage.py", "demo", "--headless", "--port", str(free_port()),
          "--model", "mlp", "--dataset", "digits", "--plan", "ftpipehd",
          "--microbatches", str(MICROBATCHES), "--batches", str(BATCHES),
          "--kill-agent-at", "2.5", "--kill-agent", kill,
-         "--repartition-every", "0"],  # the failure's recovery alone
+         "--repartition-every", "0", *extra],  # the failure's recovery alone
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
                      for p in sorted((var / "demo" / "logs").glob("*.log")))
@@ -54,7 +58,7 @@ def rows(var: Path, query: str, *args: Any) -> list[tuple[Any, ...]]:
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_a_killed_agent_s_run_recovers_and_finishes(var: Path, scenario: str) -> None:
-    summary = demo(var, SCENARIOS[scenario])
+    summary = demo(var, SCENARIOS[scenario], EXTRA.get(scenario, []))
     run = summary["run"]
     assert summary["state"] == "finished", summary
     uids = {name: uid for name, uid in rows(var, "SELECT name, uid FROM devices_device")}
@@ -70,6 +74,13 @@ def test_a_killed_agent_s_run_recovers_and_finishes(var: Path, scenario: str) ->
                 "recovered"]
     assert [k for k in kinds if k in recovery][-4:] == recovery[1:]
     assert kinds[0] == "run_started" and kinds[-1] == "run_finished"
+    if scenario == "paused":  # lost while paused: recovered, still paused, then resumed
+        assert kinds.index("run_paused") < kinds.index("device_lost")
+        recovered = kinds.index("recovered")
+        assert "run_started" in kinds[recovered:]  # the resume, after the recovery
+        [(detail,)] = rows(var, "SELECT detail FROM runs_faultevent WHERE run_id = ? AND "
+                                "kind = 'recovered'", run)
+        assert json.loads(detail)["paused"] is True
 
     # exactly once: generation g trains micro-batches V_g .. V_(g+1) - 1 on each of its stages'
     # devices, each update once; what it did past V_(g+1) was rolled back by the recovery (the

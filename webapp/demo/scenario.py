@@ -299,6 +299,26 @@ class LocalTestbed:
 
         return self.at_run_time(run_id, at_s, kill)
 
+    def pause_at(self, run_id: int, at_s: float, for_s: float) -> threading.Timer:
+        """Pause the run ``at_s`` seconds into it and resume it ``for_s`` seconds later, as a
+        user does on the run page. A recovery under way at either moment ends first (a
+        recovering run is paused when its recovery ends), so the resume waits for the run to
+        be paused."""
+
+        def pause_then_resume() -> None:
+            try:
+                self.say(f"pausing run {run_id} {at_s:g} s into it, for {for_s:g} s")
+                self.api.post(f"/api/runs/{run_id}/pause/")
+                time.sleep(for_s)
+                paused = self.wait_state(run_id, (Run.State.PAUSED, *FINAL_STATES), 120)
+                if paused["state"] == Run.State.PAUSED:
+                    self.say(f"resuming run {run_id}")
+                    self.api.post(f"/api/runs/{run_id}/start/")
+            except DemoError as exc:  # the run ended first, say: the demo goes on
+                self.say(f"could not pause and resume run {run_id}: {exc}")
+
+        return self.at_run_time(run_id, at_s, pause_then_resume)
+
     def slow_agent_at(self, run_id: int, agent: DemoAgent, at_s: float, slowdown: float
                       ) -> threading.Timer:
         """``at_s`` seconds into the run, make the agent's device ``slowdown`` times slower
@@ -358,6 +378,8 @@ class DemoOptions:
     repartition_every: int | None = None  # batches between dynamic re-partitions (0: off)
     kill_agent_at: float | None = None  # seconds into the run: SIGKILL agents (a fault)
     kill_agents: tuple[str, ...] = ()  # which (default: the device of the plan's middle stage)
+    pause_at: float | None = None  # seconds into the run: pause it (through the API)
+    pause_for: float = 2.0  # seconds it stays paused, then it is resumed
     slow_agent_at: float | None = None  # seconds into the run: slow an agent down (heat)
     slow_agent: str = ""  # which (default: the device of the plan's middle stage)
     slow_to: float = 20.0  # how many times slower than this machine
@@ -406,6 +428,9 @@ def run_demo(options: DemoOptions, *, say: Callable[[str], None] = print
             say(f"fault injection: {', '.join(v.name for v in victims)} will be killed "
                 f"{o.kill_agent_at:g} s into the run")
             testbed.kill_agent_at(compared["run"], victims, o.kill_agent_at)
+        if o.pause_at is not None:
+            say(f"the run will be paused {o.pause_at:g} s into it, for {o.pause_for:g} s")
+            testbed.pause_at(compared["run"], o.pause_at, o.pause_for)
         if o.slow_agent_at is not None:
             slowed = (testbed.agent_named(o.slow_agent) if o.slow_agent
                       else testbed.agent_of_stage(compared["run"], row["plan"]))

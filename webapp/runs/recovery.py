@@ -9,6 +9,11 @@ resume point and where each device's weights come from. This module keeps the st
     all halted --> re-plan, resume point, deploy the next generation with its restore lists
     all ready (the commit barrier) --> start at the resume point: running again
 
+A paused run recovers the same way and ends paused: its next generation is started paused, and
+resuming the run resumes it. A pause asked for during a recovery is kept until the recovery
+ends, then takes effect the same way (the recovery's halts and deployments are not paused
+stages, and a run moved to paused mid-recovery waited for them for ever).
+
 Re-planning runs here, in the web process that received the agent's message, not on a Celery
 worker: it takes milliseconds for the non-learned planners, and a worker's queue would add its
 polling to a recovery that must take seconds (the embedded broker polls once a second).
@@ -66,8 +71,9 @@ RECOVERY_PLANNER = "optimal"
 RESUME_DELAY_S = 0.1  # between the last ready and the common resume, for the start message
 MEASURED_MICROBATCHES = 50  # capacities are estimated from this many recent micro-batches
 S = RunDevice.StageState
-# the states in which a lost device matters to a run: it recovers, or (starting, paused) fails
+# the states in which a lost device matters to a run: it recovers, or (starting) fails
 LOSABLE = (RunState.STARTING, RunState.RUNNING, RunState.RECOVERING, RunState.PAUSED)
+RECOVERABLE = (RunState.RUNNING, RunState.RECOVERING, RunState.PAUSED)
 
 
 def _subset(devices: DeviceSet, keep: Sequence[str]) -> DeviceSet:
@@ -156,8 +162,8 @@ def _holdings(run: Run, staged: Sequence[RunDevice]) -> list[Holding]:
 
 def run_device_lost(*, device: Device, reason: str, detected_by: str) -> list[Run]:
     """The device is gone (its connection closed, its heartbeats stopped, a probe went
-    unanswered): every active run it holds a stage of recovers without it; a run still starting
-    fails, naming it."""
+    unanswered): every active run it holds a stage of recovers without it (a paused one ends
+    its recovery paused); a run still starting fails, naming it."""
     touched = []
     for run_id in (RunDevice.objects.filter(device=device, run__state__in=LOSABLE)
                    .exclude(stage_state=S.LOST).values_list("run_id", flat=True)):
@@ -166,7 +172,7 @@ def run_device_lost(*, device: Device, reason: str, detected_by: str) -> list[Ru
             if run.state not in LOSABLE:
                 continue
             rd = RunDevice.objects.select_for_update().get(run=run, device=device)
-            if run.state in (RunState.RUNNING, RunState.RECOVERING) and _holds(rd):
+            if run.state in RECOVERABLE and _holds(rd):
                 touched.append(_lose(run, [rd], reason=reason, detected_by=detected_by))
             elif rd.stage is not None:
                 _control_event(run, "device_lost", device=device.uid,
@@ -195,7 +201,9 @@ def _lose(run: Run, lost: Sequence[RunDevice], *, reason: str, detected_by: str,
                     "restart_s": recovery.get("restart_s"), "cause": cause,
                     "decision": decision or {},
                     "next_check": recovery.get("next_check"),
-                    "capacity": _kept_capacities(run)}
+                    "capacity": _kept_capacities(run),
+                    # a paused run's next generation starts paused (recovery_ready)
+                    "paused": run.state == RunState.PAUSED}
     else:
         recovery["cause"] = "failure"
     for rd in lost:
@@ -361,9 +369,11 @@ def _replan(run: Run) -> Run:
 def recovery_ready(run: Run) -> Run:
     """With the run locked, recovering and every stage of the next generation ready: the
     commit. Everyone starts at the resume point at one time; the survivors the new plan left
-    out drop what they held."""
+    out drop what they held. A run paused before or during the recovery starts its stages
+    paused and is paused again; resuming it resumes them."""
     recovery = dict(run.recovery)
     generation = int(recovery["generation"])
+    paused = bool(recovery.get("paused"))
     now = time.time()
     begin_at = now + RESUME_DELAY_S
     started_at = run.started_at.timestamp() if run.started_at else now
@@ -373,7 +383,7 @@ def recovery_ready(run: Run) -> Run:
     for rd in staged:
         device_command_send(uid=rd.device.uid, command=command_build(
             "start", run=run.pk, generation=generation, started_at=started_at,
-            begin_at=begin_at))
+            begin_at=begin_at, paused=paused))
     for uid in recovery.get("release", []):
         device_command_send(uid=uid, command=command_build("stop", run=run.pk))
     detected = float(recovery.get("detected_wall", now))
@@ -388,12 +398,13 @@ def recovery_ready(run: Run) -> Run:
     run.recovery = {"plan": recovery.get("next_plan"), "since_s": resumed_at,
                     "restart_s": recovery_s, "next_check": recovery.get("next_check"),
                     "capacity": recovery.get("capacity") or {}}
-    running = _transition(run, RunState.RUNNING, action="resume after recovery")
-    _control_event(running, "recovered", detail={
+    after = _transition(run, RunState.PAUSED if paused else RunState.RUNNING,
+                        action="resume after recovery")
+    _control_event(after, "recovered", detail={
         "generation": generation, "recovery_s": round(recovery_s, 4),
         "resume_microbatch": recovery.get("resume", 0),
-        "microbatches_redone": recovery.get("redone", 0)})
-    return running
+        "microbatches_redone": recovery.get("redone", 0), "paused": paused})
+    return after
 
 
 # --------------------------------------------------------------------------- dynamic re-partition

@@ -186,7 +186,17 @@ def run_start(*, run: Run, plan: Plan | None = None) -> Run:
 
 @transaction.atomic
 def run_pause(*, run: Run) -> Run:
-    locked = _transition(_locked(run), RunState.PAUSED, action="pause")
+    """Pause a running run: every stage stops before its next pass. A recovering run is paused
+    when its recovery ends (webapp.runs.recovery.recovery_ready): until then its devices are
+    halting or deploying, not training."""
+    locked = _locked(run)
+    if locked.state == RunState.RECOVERING:
+        if not (locked.recovery or {}).get("paused"):
+            locked.recovery = {**locked.recovery, "paused": True}
+            locked.save(update_fields=["recovery"])
+            _control_event(locked, "run_paused", detail={"after_recovery": True})
+        return locked
+    locked = _transition(locked, RunState.PAUSED, action="pause")
     events.run_event_send(locked.pk, events.event_idle(locked))
     _stage_command_all(locked, "pause")
     _control_event(locked, "run_paused")

@@ -30,8 +30,10 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     S.PLANNED: frozenset({S.PLANNING, S.STARTING, S.CANCELLED}),
     S.STARTING: frozenset({S.RUNNING, S.FAILED, S.CANCELLED}),
     S.RUNNING: frozenset({S.RECOVERING, S.PAUSED, S.FINISHED, S.FAILED, S.CANCELLED}),
+    # a recovery ends running, or paused when the run was paused before or during it
     S.RECOVERING: frozenset({S.RUNNING, S.PAUSED, S.FAILED, S.CANCELLED}),
-    S.PAUSED: frozenset({S.RUNNING, S.FAILED, S.CANCELLED}),
+    # a paused run that loses a device recovers, and ends its recovery paused
+    S.PAUSED: frozenset({S.RUNNING, S.RECOVERING, S.FAILED, S.CANCELLED}),
     S.FINISHED: frozenset(),
     # a failed run may be planned again (after a planning error is fixed, say)
     S.FAILED: frozenset({S.PLANNING}),

@@ -109,6 +109,9 @@ def test_the_kill_comes_at_its_time_on_the_runs_clock_and_is_expected(group: Pro
     (["--kill-agent-at", "5", "--kill-agent", "demo-slow,nobody"],
      "--kill-agent: no agent named 'nobody'"),
     (["--kill-agent", "demo-fast"], "--kill-agent: say when with --kill-agent-at SECONDS"),
+    (["--pause-at", "-1"], "--pause-at: must be more than 0 seconds, got -1"),
+    (["--pause-at", "3", "--pause-for", "later"],
+     "--pause-for: must be a number of seconds, got 'later'"),
 ])
 def test_the_demo_refuses_bad_kill_flags_before_starting_anything(args, says):
     sigterm = signal.getsignal(signal.SIGTERM)  # the command installs its own

@@ -314,6 +314,82 @@ def test_an_agent_that_disappears_makes_the_run_recover_without_it() -> None:
     assert RunDevice.objects.get(run=run, device=devices[1]).stage_state == "lost"
 
 
+async def _recover(survivors: list[Any], kept: list[dict[str, Any]], specs: list[dict[str, Any]],
+                   run: Run) -> list[dict[str, Any]]:
+    """Answer a recovery as the survivors' agents do (``kept``: their specs, of ``specs``):
+    halt with holdings, ack the deployments; the commands that follow (the starts)."""
+    for a, spec in zip(survivors, kept, strict=True):
+        halt = await a.receive_json_from(timeout=5)
+        assert halt["command"] == "halt"
+        await a.send_json_to({"type": "ack", "id": halt["id"], "command": "halt",
+                              "run": run.pk, "ok": True, "generation": halt["generation"],
+                              "holdings": _holdings(spec, specs, 4)})
+    for a in survivors:
+        deploy = await a.receive_json_from(timeout=5)
+        assert deploy["command"] == "deploy"
+        await a.send_json_to({"type": "ack", "id": deploy["id"], "command": "deploy",
+                              "run": run.pk, "ok": True,
+                              "generation": deploy["spec"]["generation"]})
+    return [await a.receive_json_from(timeout=5) for a in survivors]
+
+
+def test_a_paused_run_that_loses_a_device_recovers_paused_and_resumes_when_asked() -> None:
+    run, devices = planned_run()
+
+    async def scenario() -> tuple[Run, list[dict[str, Any]], Run, list[dict[str, Any]]]:
+        agents, specs = await _running(devices, run)()
+        await database_sync_to_async(services.run_pause)(run=run)
+        for a in agents:
+            assert (await a.receive_json_from(timeout=5))["command"] == "pause"
+        await agents[1].disconnect()  # lost while paused: it used to fail the run
+        survivors = [agents[0], agents[2]]
+        starts = await _recover(survivors, [specs[0], specs[2]], specs, run)
+        recovered = await database_sync_to_async(Run.objects.get)(pk=run.pk)
+        await database_sync_to_async(services.run_start)(run=recovered)  # Resume
+        resumes = [await a.receive_json_from(timeout=5) for a in survivors]
+        resumed = await database_sync_to_async(Run.objects.get)(pk=run.pk)
+        for a in survivors:
+            await a.disconnect()
+        return recovered, starts, resumed, resumes
+
+    recovered, starts, resumed, resumes = async_to_sync(scenario)()
+    assert recovered.state == Run.State.PAUSED, recovered.error
+    assert recovered.generation == 1
+    assert [(s["command"], s["generation"], s["paused"]) for s in starts] == [
+        ("start", 1, True)] * 2  # the new stages wait for a resume
+    assert [r["command"] for r in resumes] == ["resume", "resume"]
+    assert resumed.state == Run.State.RUNNING
+    kinds = list(FaultEvent.objects.filter(run=run).values_list("kind", flat=True))
+    assert kinds[:7] == ["run_started", "run_paused", "device_lost", "recovery_started",
+                         "repartitioned", "weights_redistributed", "recovered"]
+    assert FaultEvent.objects.get(run=run, kind="recovered").detail["paused"] is True
+
+
+def test_a_pause_asked_for_during_a_recovery_pauses_the_run_when_it_ends() -> None:
+    run, devices = planned_run()
+
+    async def scenario() -> tuple[Run, Run, list[dict[str, Any]]]:
+        agents, specs = await _running(devices, run)()
+        await agents[1].disconnect()
+        pausing = await database_sync_to_async(services.run_pause)(run=run)
+        survivors = [agents[0], agents[2]]
+        starts = await _recover(survivors, [specs[0], specs[2]], specs, run)
+        after = await database_sync_to_async(Run.objects.get)(pk=run.pk)
+        for a in survivors:
+            await a.disconnect()
+        return pausing, after, starts
+
+    pausing, after, starts = async_to_sync(scenario)()
+    # the recovery went on (it used to be stranded: halts and readies of a paused run were
+    # ignored), and the run is paused once it ended
+    assert pausing.state == Run.State.RECOVERING
+    assert after.state == Run.State.PAUSED, after.error
+    assert after.generation == 1
+    assert {(s["command"], s["paused"]) for s in starts} == {("start", True)}
+    paused = FaultEvent.objects.get(run=run, kind="run_paused")
+    assert paused.detail == {"after_recovery": True}
+
+
 def test_a_recovery_with_a_layer_copied_nowhere_fails_the_run_naming_it() -> None:
     run, devices = planned_run()
 

@@ -24,7 +24,7 @@ LEGAL = {
     ("running", "failed"), ("running", "cancelled"),
     ("recovering", "running"), ("recovering", "paused"), ("recovering", "failed"),
     ("recovering", "cancelled"),
-    ("paused", "running"), ("paused", "failed"), ("paused", "cancelled"),
+    ("paused", "running"), ("paused", "recovering"), ("paused", "failed"), ("paused", "cancelled"),
     ("failed", "planning"),
 }
 

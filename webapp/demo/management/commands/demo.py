@@ -51,6 +51,13 @@ class Command(BaseCommand):
                                  "killed at once) (default: the device of the middle stage of "
                                  "the chosen plan)")
 
+        parser.add_argument("--pause-at", type=_positive_seconds, default=None,
+                            metavar="SECONDS",
+                            help="SECONDS after the run starts, pause it through the API, and "
+                                 "resume it --pause-for seconds later (a device killed while it "
+                                 "is paused: the run recovers, stays paused, then resumes)")
+        parser.add_argument("--pause-for", type=_positive_seconds, default=2.0,
+                            metavar="SECONDS", help="how long --pause-at pauses (default 2)")
         parser.add_argument("--slow-agent-at", type=_positive_seconds, default=None,
                             metavar="SECONDS",
                             help="SECONDS after the run starts, slow an agent's device down "
@@ -77,6 +84,7 @@ class Command(BaseCommand):
             slow_agent_at=options["slow_agent_at"], slow_agent=options["slow_agent"],
             slow_to=options["slow_to"],
             kill_agent_at=options["kill_agent_at"],
+            pause_at=options["pause_at"], pause_for=options["pause_for"],
             kill_agents=tuple(a.strip() for a in options["kill_agent"].split(",") if a.strip()))
         try:
             summary = run_demo(demo_options, say=lambda line: self.stdout.write(line))
