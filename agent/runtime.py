@@ -428,6 +428,12 @@ class AgentRuntime:
         stage; refuses the deployment when a part is missing or does not fit."""
         if not isinstance(restore, list):
             raise StageError("restore must be a list of parts")
+        if not restore and spec.first_microbatch == 0:
+            # a run that lost a device while starting: nothing was trained, so the stage keeps
+            # the weights it was built with from the run's seed, as every first deployment does
+            log.info("run %s generation %s: layers %s..%s from the run's seed (nothing trained)",
+                     spec.run, spec.generation, spec.layers[0], spec.layers[1])
+            return
         began = clock.now()
         tensors: Tensors = {}
         moved = 0

@@ -119,3 +119,24 @@ def test_a_killed_agent_s_run_recovers_and_finishes(var: Path, scenario: str) ->
     assert mean_after < min(first - 0.5 * (first - mean_before), 1.5 * mean_before), (
         first, mean_before, mean_after)
     assert summary["loss_last"] < 0.3 * summary["loss_first"]
+
+
+def test_an_agent_killed_while_the_run_starts_makes_it_start_on_the_others(
+        tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "integration" / "start_kill.py"), str(tmp_path)],
+        cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    victim = out["devices"][out["victim"]]
+    assert out["summary"]["state"] == "finished"
+    kinds = [k for k, _, _ in out["faults"]]
+    # lost before training began (every event at 0 on the run's clock), and the run started
+    # on the others: from micro-batch 0, without the victim
+    assert kinds[:6] == ["device_lost", "recovery_started", "repartitioned",
+                         "weights_redistributed", "recovered", "run_started"]
+    assert out["faults"][0][2] == victim and all(at == 0 for _, at, _ in out["faults"][:6])
+    [(number, resume, stages)] = out["generations"]
+    assert (number, resume) == (1, 0)
+    assert victim not in {d for s in stages for d in s["devices"]}
+    assert out["summary"]["loss_last"] < 0.3 * out["summary"]["loss_first"]

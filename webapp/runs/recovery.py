@@ -9,10 +9,13 @@ resume point and where each device's weights come from. This module keeps the st
     all halted --> re-plan, resume point, deploy the next generation with its restore lists
     all ready (the commit barrier) --> start at the resume point: running again
 
-A paused run recovers the same way and ends paused: its next generation is started paused, and
-resuming the run resumes it. A pause asked for during a recovery is kept until the recovery
-ends, then takes effect the same way (the recovery's halts and deployments are not paused
-stages, and a run moved to paused mid-recovery waited for them for ever).
+A run still starting (its stages deploying) recovers the same way, but nothing has been trained
+yet: the survivors' new stages are built from the run's seed, as the first deployment did, and
+the run starts at micro-batch 0 when they are ready. A paused run recovers the same way and
+ends paused: its next generation is started paused, and resuming the run resumes it. A pause
+asked for during a recovery is kept until the recovery ends, then takes effect the same way
+(the recovery's halts and deployments are not paused stages, and a run moved to paused
+mid-recovery waited for them for ever).
 
 Re-planning runs here, in the web process that received the agent's message, not on a Celery
 worker: it takes milliseconds for the non-learned planners, and a worker's queue would add its
@@ -25,6 +28,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
@@ -39,6 +43,7 @@ from orchestrator.recovery import (
     CENTRAL,
     Decision,
     Holding,
+    RestorePlan,
     repartition_decision,
     restore_plan,
     successor_takes_over,
@@ -71,9 +76,8 @@ RECOVERY_PLANNER = "optimal"
 RESUME_DELAY_S = 0.1  # between the last ready and the common resume, for the start message
 MEASURED_MICROBATCHES = 50  # capacities are estimated from this many recent micro-batches
 S = RunDevice.StageState
-# the states in which a lost device matters to a run: it recovers, or (starting) fails
+# the states in which a lost device matters to a run: it recovers without it
 LOSABLE = (RunState.STARTING, RunState.RUNNING, RunState.RECOVERING, RunState.PAUSED)
-RECOVERABLE = (RunState.RUNNING, RunState.RECOVERING, RunState.PAUSED)
 
 
 def _subset(devices: DeviceSet, keep: Sequence[str]) -> DeviceSet:
@@ -162,8 +166,8 @@ def _holdings(run: Run, staged: Sequence[RunDevice]) -> list[Holding]:
 
 def run_device_lost(*, device: Device, reason: str, detected_by: str) -> list[Run]:
     """The device is gone (its connection closed, its heartbeats stopped, a probe went
-    unanswered): every active run it holds a stage of recovers without it (a paused one ends
-    its recovery paused); a run still starting fails, naming it."""
+    unanswered): every active run it holds a stage of (or weights of) recovers without it; a
+    paused one ends its recovery paused, a starting one starts on the survivors."""
     touched = []
     for run_id in (RunDevice.objects.filter(device=device, run__state__in=LOSABLE)
                    .exclude(stage_state=S.LOST).values_list("run_id", flat=True)):
@@ -172,13 +176,8 @@ def run_device_lost(*, device: Device, reason: str, detected_by: str) -> list[Ru
             if run.state not in LOSABLE:
                 continue
             rd = RunDevice.objects.select_for_update().get(run=run, device=device)
-            if run.state in RECOVERABLE and _holds(rd):
+            if _holds(rd):
                 touched.append(_lose(run, [rd], reason=reason, detected_by=detected_by))
-            elif rd.stage is not None:
-                _control_event(run, "device_lost", device=device.uid,
-                               detail={"reason": reason, "detected_by": detected_by})
-                touched.append(_fail(run, f"device {device.name!r} ({device.uid}) was lost: "
-                                          f"{reason}", device=device.uid))
     return touched
 
 
@@ -203,7 +202,11 @@ def _lose(run: Run, lost: Sequence[RunDevice], *, reason: str, detected_by: str,
                     "next_check": recovery.get("next_check"),
                     "capacity": _kept_capacities(run),
                     # a paused run's next generation starts paused (recovery_ready)
-                    "paused": run.state == RunState.PAUSED}
+                    "paused": run.state == RunState.PAUSED,
+                    # nothing trained yet: the next generation starts from the seed
+                    "from_start": run.state == RunState.STARTING}
+        if run.state == RunState.STARTING and run.chosen_plan is not None:
+            recovery["plan"] = run.chosen_plan.document  # what respipe's baseline takes over
     else:
         recovery["cause"] = "failure"
     for rd in lost:
@@ -306,10 +309,15 @@ def _replan(run: Run) -> Run:
             plan = run_planner(cm, algorithm, schedule=run.schedule,
                                microbatches=run.microbatches)
         lost = set(recovery["lost"])
-        holders = [rd for rd in RunDevice.objects.filter(run=run).select_related("device")
-                   if rd.holdings and rd.device.uid not in lost]
-        holdings = _holdings(run, holders)
-        restore = restore_plan(plan, holdings, profile)
+        if recovery.get("from_start"):
+            # nothing trained: every stage is built from the run's seed, as at the start
+            holdings: list[Holding] = []
+            restore = RestorePlan(resume=0, parts=())
+        else:
+            holders = [rd for rd in RunDevice.objects.filter(run=run).select_related("device")
+                       if rd.holdings and rd.device.uid not in lost]
+            holdings = _holdings(run, holders)
+            restore = restore_plan(plan, holdings, profile)
     except (PlanningError, FormatError, ValueError, KeyError) as exc:
         return _fail(run, f"recovery {generation} failed: {exc}")
     if run.schedule == "gpipe" and restore.resume % run.microbatches:
@@ -376,7 +384,10 @@ def recovery_ready(run: Run) -> Run:
     paused = bool(recovery.get("paused"))
     now = time.time()
     begin_at = now + RESUME_DELAY_S
-    started_at = run.started_at.timestamp() if run.started_at else now
+    from_start = bool(recovery.get("from_start"))  # lost while starting: this begins the run
+    if from_start or run.started_at is None:  # the run's clock starts with its training
+        run.started_at = datetime.fromtimestamp(begin_at, tz=UTC)
+    started_at = run.started_at.timestamp()
     staged = _staged(run)
     RunDevice.objects.filter(pk__in=[s.pk for s in staged]).update(stage_state=S.RUNNING)
     RunDevice.objects.filter(run=run).update(holdings=[])
@@ -404,6 +415,8 @@ def recovery_ready(run: Run) -> Run:
         "generation": generation, "recovery_s": round(recovery_s, 4),
         "resume_microbatch": recovery.get("resume", 0),
         "microbatches_redone": recovery.get("redone", 0), "paused": paused})
+    if from_start:
+        _control_event(after, "run_started", detail={"after_recovery": True})
     return after
 
 

@@ -218,8 +218,10 @@ START_DELAY_S = 0.5  # between the last agent's ready and the common start, for 
 
 
 def _run_clock(run: Run) -> float:
-    """Seconds since the run started (its timeline's clock); 0 before it starts."""
-    if run.started_at is None or run.state == RunState.STARTING:
+    """Seconds since the run started (its timeline's clock); 0 before it starts, and while a
+    run that lost a device as it started recovers (its training has not begun)."""
+    if run.started_at is None or run.state == RunState.STARTING or (
+            run.state == RunState.RECOVERING and (run.recovery or {}).get("from_start")):
         return 0.0
     return max(0.0, (timezone.now() - run.started_at).total_seconds())
 

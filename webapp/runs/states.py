@@ -28,7 +28,8 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     S.PLANNING: frozenset({S.PLANNED, S.FAILED, S.CANCELLED}),
     # planned: plan again (other algorithms, new profiles) or start the chosen plan
     S.PLANNED: frozenset({S.PLANNING, S.STARTING, S.CANCELLED}),
-    S.STARTING: frozenset({S.RUNNING, S.FAILED, S.CANCELLED}),
+    # starting: a device lost while the stages deploy makes the run start on the others
+    S.STARTING: frozenset({S.RUNNING, S.RECOVERING, S.FAILED, S.CANCELLED}),
     S.RUNNING: frozenset({S.RECOVERING, S.PAUSED, S.FINISHED, S.FAILED, S.CANCELLED}),
     # a recovery ends running, or paused when the run was paused before or during it
     S.RECOVERING: frozenset({S.RUNNING, S.PAUSED, S.FAILED, S.CANCELLED}),

@@ -314,23 +314,23 @@ def test_an_agent_that_disappears_makes_the_run_recover_without_it() -> None:
     assert RunDevice.objects.get(run=run, device=devices[1]).stage_state == "lost"
 
 
-async def _recover(survivors: list[Any], kept: list[dict[str, Any]], specs: list[dict[str, Any]],
-                   run: Run) -> list[dict[str, Any]]:
-    """Answer a recovery as the survivors' agents do (``kept``: their specs, of ``specs``):
-    halt with holdings, ack the deployments; the commands that follow (the starts)."""
-    for a, spec in zip(survivors, kept, strict=True):
+async def _recover(survivors: list[Any], holdings: list[list[dict[str, Any]]], run: Run
+                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Answer a recovery as the survivors' agents do: halt saying what each holds, ack the
+    deployments; the deployments and the commands that follow them (the starts)."""
+    for a, held in zip(survivors, holdings, strict=True):
         halt = await a.receive_json_from(timeout=5)
         assert halt["command"] == "halt"
         await a.send_json_to({"type": "ack", "id": halt["id"], "command": "halt",
                               "run": run.pk, "ok": True, "generation": halt["generation"],
-                              "holdings": _holdings(spec, specs, 4)})
-    for a in survivors:
-        deploy = await a.receive_json_from(timeout=5)
+                              "holdings": held})
+    deploys = [await a.receive_json_from(timeout=5) for a in survivors]
+    for a, deploy in zip(survivors, deploys, strict=True):
         assert deploy["command"] == "deploy"
         await a.send_json_to({"type": "ack", "id": deploy["id"], "command": "deploy",
                               "run": run.pk, "ok": True,
                               "generation": deploy["spec"]["generation"]})
-    return [await a.receive_json_from(timeout=5) for a in survivors]
+    return deploys, [await a.receive_json_from(timeout=5) for a in survivors]
 
 
 def test_a_paused_run_that_loses_a_device_recovers_paused_and_resumes_when_asked() -> None:
@@ -343,7 +343,8 @@ def test_a_paused_run_that_loses_a_device_recovers_paused_and_resumes_when_asked
             assert (await a.receive_json_from(timeout=5))["command"] == "pause"
         await agents[1].disconnect()  # lost while paused: it used to fail the run
         survivors = [agents[0], agents[2]]
-        starts = await _recover(survivors, [specs[0], specs[2]], specs, run)
+        _, starts = await _recover(
+            survivors, [_holdings(specs[0], specs, 4), _holdings(specs[2], specs, 4)], run)
         recovered = await database_sync_to_async(Run.objects.get)(pk=run.pk)
         await database_sync_to_async(services.run_start)(run=recovered)  # Resume
         resumes = [await a.receive_json_from(timeout=5) for a in survivors]
@@ -373,7 +374,8 @@ def test_a_pause_asked_for_during_a_recovery_pauses_the_run_when_it_ends() -> No
         await agents[1].disconnect()
         pausing = await database_sync_to_async(services.run_pause)(run=run)
         survivors = [agents[0], agents[2]]
-        starts = await _recover(survivors, [specs[0], specs[2]], specs, run)
+        _, starts = await _recover(
+            survivors, [_holdings(specs[0], specs, 4), _holdings(specs[2], specs, 4)], run)
         after = await database_sync_to_async(Run.objects.get)(pk=run.pk)
         for a in survivors:
             await a.disconnect()
@@ -411,25 +413,38 @@ def test_a_recovery_with_a_layer_copied_nowhere_fails_the_run_naming_it() -> Non
     assert "recovery 1 failed" in failed.error and "layer" in failed.error
 
 
-def test_an_agent_that_disappears_while_the_run_starts_fails_it_naming_it() -> None:
+def test_an_agent_that_disappears_while_the_run_starts_makes_it_start_on_the_others() -> None:
     run, devices = planned_run()
 
-    async def scenario() -> Run:
+    async def scenario() -> tuple[list[dict[str, Any]], list[dict[str, Any]], Run]:
         agents = await connect_all(devices)
         await database_sync_to_async(services.run_start)(run=run)
         for a in agents:
             assert (await a.receive_json_from(timeout=5))["command"] == "deploy"
-        await agents[2].disconnect()
-        for a in agents[:2]:
-            assert (await a.receive_json_from(timeout=5))["command"] == "stop"
+        await agents[2].disconnect()  # lost before any stage was ready: it failed the run
+        survivors = agents[:2]
+        deploys, starts = await _recover(survivors, [[], []], run)  # nothing trained
+        started = await database_sync_to_async(Run.objects.get)(pk=run.pk)
+        for a in survivors:
             await a.disconnect()
-        return await database_sync_to_async(Run.objects.get)(pk=run.pk)
+        return deploys, starts, started
 
-    failed = async_to_sync(scenario)()
-    assert failed.state == Run.State.FAILED
-    assert f"({devices[2].uid}) was lost: its agent disconnected" in failed.error
-    lost = FaultEvent.objects.get(run=run, kind="device_lost")
-    assert lost.device == devices[2].uid
+    deploys, starts, started = async_to_sync(scenario)()
+    assert started.state == Run.State.RUNNING, started.error
+    assert started.started_at is not None and started.generation == 1
+    specs = [d["spec"] for d in deploys]
+    assert {s["device"] for s in specs} == {devices[0].uid, devices[1].uid}
+    assert {s["first_microbatch"] for s in specs} == {0}  # from the start
+    covered = sorted(i for s in specs for i in range(s["layers"][0], s["layers"][1] + 1))
+    assert covered == [0, 1, 2, 3]
+    assert [d["restore"] for d in deploys] == [[], []]  # built from the run's seed
+    assert {(s["command"], s["generation"]) for s in starts} == {("start", 1)}
+    kinds = list(FaultEvent.objects.filter(run=run).values_list("kind", flat=True))
+    assert kinds[:6] == ["device_lost", "recovery_started", "repartitioned",
+                         "weights_redistributed", "recovered", "run_started"]
+    lost = FaultEvent.objects.filter(run=run, kind="device_lost").first()  # then the goodbyes
+    assert lost is not None and lost.device == devices[2].uid
+    assert RunDevice.objects.get(run=run, device=devices[2]).stage_state == "lost"
 
 
 def test_a_replaced_connection_closing_changes_nothing() -> None:
