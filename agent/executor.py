@@ -261,6 +261,13 @@ class StageResult:
 Checkpoint = Callable[[int, dict[str, torch.Tensor], bool, bool], None]
 
 
+# the method each kind of action runs, by name: a dict of the executor's bound methods made every
+# executor a reference cycle, which the agent's frozen heap (runtime.freeze_heap) never
+# collects, so each deployment's model, data and stashes stayed in memory after it ended
+# (VGG-5: 20 MB more per deployment, for good)
+HANDLERS = {"F": "forward", "B": "backward", "U": "update", "A": "all_reduce"}
+
+
 class StageExecutor:
     """Runs one stage's action list to the end (or until ``stop`` is set)."""
 
@@ -336,8 +343,6 @@ class StageExecutor:
         self._steady_from = int(STEADY_FROM * sum(1 for a in self.actions if a.kind == "B"))
         self._steady: Mark | None = None
         self._latest: Mark | None = None
-        self.handlers: dict[str, Callable[[Action], None]] = {
-            "F": self.forward, "B": self.backward, "U": self.update, "A": self.all_reduce}
 
     # ---- the loop
 
@@ -382,10 +387,10 @@ class StageExecutor:
                 self.waited_s += time.perf_counter() - begun
             if self.stop.is_set():
                 break
-            handler = self.handlers.get(action.kind)
-            if handler is None:
+            name = HANDLERS.get(action.kind)
+            if name is None:
                 raise StageError(f"unknown action {action}")
-            handler(action)
+            getattr(self, name)(action)
         self.plane.flush(timeout_s=self.spec.receive_timeout_s)
         return self.result
 

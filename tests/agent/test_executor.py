@@ -209,14 +209,14 @@ def two_stage_fixed_costs(extra_s: tuple[float, float], warm: LayerTimes, *,
 
             executor.optimizer.step = costly_step  # type: ignore[method-assign]
         else:
-            update = executor.handlers["U"]
+            update = executor.update
 
             def costly(action: Action, update: Callable[[Action], None] = update,
                        extra_s: float = extra_s[k]) -> None:
                 update(action)
                 time.sleep(extra_s)
 
-            executor.handlers["U"] = costly
+            executor.update = costly  # type: ignore[method-assign]
         executors.append(executor)
     errors: list[BaseException] = []
 

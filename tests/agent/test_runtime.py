@@ -108,6 +108,37 @@ def test_a_deployed_stage_s_model_and_data_are_left_out_of_full_collections(
         gc.unfreeze()
 
 
+def test_an_ended_deployment_s_model_is_freed_though_the_heap_is_frozen(
+        runtime: AgentRuntime) -> None:
+    import gc
+    import weakref
+
+    gc.unfreeze()
+    try:
+        alone = spec(stage_devices=[[ENROLMENT.uid]], stage_times_s=[[1.0]], layers=[0, 3],
+                     microbatches=8)
+        models = []
+        for run, ends in ((7, "finishing"), (8, "stopped before it started")):
+            assert runtime.handle_command(command("deploy", run=run, spec={**alone, "run": run},
+                                                  peers={}))["ok"], ends
+            models.append(weakref.ref(runtime.deployments[run].executor.module))
+            if run == 7:
+                assert runtime.handle_command(command("start", run=7,
+                                                      started_at=time.time()))["ok"]
+                thread = runtime.deployments[7].thread
+                assert thread is not None
+                thread.join(timeout=60)
+            else:
+                assert runtime.handle_command(command("stop", run=8))["ok"]
+        assert gc.get_freeze_count() > 0  # each deployment froze the heap
+        gc.collect()  # frozen objects are not collected: only references going frees them
+        # the executor was a reference cycle (its bound methods), and every deployment's
+        # model stayed in memory for good
+        assert [m() for m in models] == [None, None]
+    finally:
+        gc.unfreeze()
+
+
 def test_a_finished_stage_reports_the_overhead_it_measured(runtime: AgentRuntime) -> None:
     runtime.overhead_s = 1.0  # what the probe said: hellos go on reporting it
     alone = spec(stage_devices=[[ENROLMENT.uid]], stage_times_s=[[1.0]], layers=[0, 3],
