@@ -23,6 +23,7 @@ reports the device it emulates, whose passes the executor paces to those scaled 
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -143,10 +144,14 @@ def profile_model(model: ZooModel, *, batch_size: int, reference: str, dataset: 
     grad = torch.randn(x.shape, generator=generator)
     optimizers = [SGD(params, lr=1e-6) if params else None
                   for params in ([p for p in m.parameters() if p.requires_grad] for m in modules)]
-    began = time.perf_counter()
+    # the sweeps min_time_s takes, by the fastest warm-up sweep: the first torch work of a
+    # process pays autograd's lazy set-up (an MLP sweep took 297 ms, then 1.5 ms), and their
+    # mean made 3 sweeps of such a profile where 0.25 s takes over a hundred
+    per_sweep = math.inf if warmup else 0.0
     for _ in range(warmup):
+        began = time.perf_counter()
         _sweep(modules, optimizers, x0, grad)
-    per_sweep = (time.perf_counter() - began) / warmup if warmup else 0.0
+        per_sweep = min(per_sweep, time.perf_counter() - began)
     sweeps = repeats if per_sweep <= 0 else min(
         MAX_SWEEPS, max(repeats, int(min_time_s / per_sweep) + 1))
     bar.total = n + sweeps
@@ -227,10 +232,13 @@ def measure_overhead(*, slowdown: float = 1.0, microbatches: int = 200,
                 handler(action)
             return run
 
-        for kind in ("F", "B"):
-            executor.handlers[kind] = after_a_pause(executor.handlers[kind])
+        for name in ("forward", "backward"):  # the executor dispatches by method name
+            setattr(executor, name, after_a_pause(getattr(executor, name)))
         started = time.perf_counter()
-        executor.run()
+        try:
+            executor.run()
+        finally:  # the wrappers hold the executor's bound methods: no cycle left to freeze
+            del executor.forward, executor.backward
         per_microbatch = (time.perf_counter() - started - paused[0]) / microbatches
     finally:
         plane.close()
