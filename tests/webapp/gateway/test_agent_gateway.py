@@ -26,13 +26,14 @@ def agent(device: Device, key: str | None = None) -> WebsocketCommunicator:
     return WebsocketCommunicator(application, "/ws/agent/", headers=headers)
 
 
-def planned_run(count: int = 3, *, algorithm: str = "ftpipehd") -> tuple[Run, list[Device]]:
+def planned_run(count: int = 3, *, algorithm: str = "ftpipehd", **fields: Any
+                ) -> tuple[Run, list[Device]]:
     spec = ModelSpecFactory()
     devices = [DeviceFactory(data_address="") for _ in range(count)]
     for k, device in enumerate(devices):
         LayerProfileFactory(device=device, model_spec=spec, scale=1.0 + k)
     run = RunFactory(model_spec=spec, devices=devices, algorithms=[algorithm], microbatches=4,
-                     batches=2)
+                     batches=2, **fields)
     services.run_plan(run=run)
     run.refresh_from_db()
     assert run.state == Run.State.PLANNED
@@ -413,8 +414,10 @@ def test_a_recovery_with_a_layer_copied_nowhere_fails_the_run_naming_it() -> Non
     assert "recovery 1 failed" in failed.error and "layer" in failed.error
 
 
-def test_an_agent_that_disappears_while_the_run_starts_makes_it_start_on_the_others() -> None:
-    run, devices = planned_run()
+@pytest.mark.parametrize("policy", ["replan", "respipe"])
+def test_an_agent_that_disappears_while_the_run_starts_makes_it_start_on_the_others(
+        policy: str) -> None:
+    run, devices = planned_run(recovery_policy=policy)
 
     async def scenario() -> tuple[list[dict[str, Any]], list[dict[str, Any]], Run]:
         agents = await connect_all(devices)
