@@ -261,6 +261,27 @@ def test_a_stage_measures_its_devices_overhead_and_the_run_keeps_the_one_it_was_
             .order_by("position")] == [0.001, None, None]
 
 
+async def _recover(survivors: list[Any], holdings: list[list[dict[str, Any]]], run: Run
+                   ) -> tuple[list[dict[str, Any]], ...]:
+    """Answer a recovery as the survivors' agents do: halt saying what each holds, ack the
+    deployments; the halts, the deployments and the commands that follow them (the starts)."""
+    halts = []
+    for a, held in zip(survivors, holdings, strict=True):
+        halt = await a.receive_json_from(timeout=5)
+        assert halt["command"] == "halt"
+        halts.append(halt)
+        await a.send_json_to({"type": "ack", "id": halt["id"], "command": "halt",
+                              "run": run.pk, "ok": True, "generation": halt["generation"],
+                              "holdings": held})
+    deploys = [await a.receive_json_from(timeout=5) for a in survivors]
+    for a, deploy in zip(survivors, deploys, strict=True):
+        assert deploy["command"] == "deploy"
+        await a.send_json_to({"type": "ack", "id": deploy["id"], "command": "deploy",
+                              "run": run.pk, "ok": True,
+                              "generation": deploy["spec"]["generation"]})
+    return halts, deploys, [await a.receive_json_from(timeout=5) for a in survivors]
+
+
 def test_an_agent_that_disappears_makes_the_run_recover_without_it() -> None:
     run, devices = planned_run()
 
@@ -268,16 +289,8 @@ def test_an_agent_that_disappears_makes_the_run_recover_without_it() -> None:
         agents, specs = await _running(devices, run)()
         await agents[1].disconnect()  # the middle stage's agent
         survivors = [agents[0], agents[2]]
-        halts = [await a.receive_json_from(timeout=5) for a in survivors]
-        for a, halt, spec in zip(survivors, halts, [specs[0], specs[2]], strict=True):
-            await a.send_json_to({"type": "ack", "id": halt["id"], "command": "halt",
-                                  "run": run.pk, "ok": True, "generation": halt["generation"],
-                                  "holdings": _holdings(spec, specs, 4)})
-        deploys = [await a.receive_json_from(timeout=5) for a in survivors]
-        for a, deploy in zip(survivors, deploys, strict=True):
-            await a.send_json_to({"type": "ack", "id": deploy["id"], "command": "deploy",
-                                  "run": run.pk, "ok": True, "generation": 1})
-        starts = [await a.receive_json_from(timeout=5) for a in survivors]
+        halts, deploys, starts = await _recover(
+            survivors, [_holdings(specs[0], specs, 4), _holdings(specs[2], specs, 4)], run)
         recovered = await database_sync_to_async(Run.objects.get)(pk=run.pk)
         for a in survivors:
             await a.disconnect()
@@ -315,25 +328,6 @@ def test_an_agent_that_disappears_makes_the_run_recover_without_it() -> None:
     assert RunDevice.objects.get(run=run, device=devices[1]).stage_state == "lost"
 
 
-async def _recover(survivors: list[Any], holdings: list[list[dict[str, Any]]], run: Run
-                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Answer a recovery as the survivors' agents do: halt saying what each holds, ack the
-    deployments; the deployments and the commands that follow them (the starts)."""
-    for a, held in zip(survivors, holdings, strict=True):
-        halt = await a.receive_json_from(timeout=5)
-        assert halt["command"] == "halt"
-        await a.send_json_to({"type": "ack", "id": halt["id"], "command": "halt",
-                              "run": run.pk, "ok": True, "generation": halt["generation"],
-                              "holdings": held})
-    deploys = [await a.receive_json_from(timeout=5) for a in survivors]
-    for a, deploy in zip(survivors, deploys, strict=True):
-        assert deploy["command"] == "deploy"
-        await a.send_json_to({"type": "ack", "id": deploy["id"], "command": "deploy",
-                              "run": run.pk, "ok": True,
-                              "generation": deploy["spec"]["generation"]})
-    return deploys, [await a.receive_json_from(timeout=5) for a in survivors]
-
-
 def test_a_paused_run_that_loses_a_device_recovers_paused_and_resumes_when_asked() -> None:
     run, devices = planned_run()
 
@@ -344,7 +338,7 @@ def test_a_paused_run_that_loses_a_device_recovers_paused_and_resumes_when_asked
             assert (await a.receive_json_from(timeout=5))["command"] == "pause"
         await agents[1].disconnect()  # lost while paused: it used to fail the run
         survivors = [agents[0], agents[2]]
-        _, starts = await _recover(
+        _, _, starts = await _recover(
             survivors, [_holdings(specs[0], specs, 4), _holdings(specs[2], specs, 4)], run)
         recovered = await database_sync_to_async(Run.objects.get)(pk=run.pk)
         await database_sync_to_async(services.run_start)(run=recovered)  # Resume
@@ -375,7 +369,7 @@ def test_a_pause_asked_for_during_a_recovery_pauses_the_run_when_it_ends() -> No
         await agents[1].disconnect()
         pausing = await database_sync_to_async(services.run_pause)(run=run)
         survivors = [agents[0], agents[2]]
-        _, starts = await _recover(
+        _, _, starts = await _recover(
             survivors, [_holdings(specs[0], specs, 4), _holdings(specs[2], specs, 4)], run)
         after = await database_sync_to_async(Run.objects.get)(pk=run.pk)
         for a in survivors:
@@ -426,7 +420,7 @@ def test_an_agent_that_disappears_while_the_run_starts_makes_it_start_on_the_oth
             assert (await a.receive_json_from(timeout=5))["command"] == "deploy"
         await agents[2].disconnect()  # lost before any stage was ready: it failed the run
         survivors = agents[:2]
-        deploys, starts = await _recover(survivors, [[], []], run)  # nothing trained
+        _, deploys, starts = await _recover(survivors, [[], []], run)  # nothing trained
         started = await database_sync_to_async(Run.objects.get)(pk=run.pk)
         for a in survivors:
             await a.disconnect()
