@@ -49,7 +49,15 @@ from agent.data import Dataset
 from agent.emulation import Slowdown
 from agent.optim import SGD
 from agent.transport import DataPlane, Message, encode_message
-from agent.weights import Entry, WeightStore, snapshot, state_refs
+from agent.weights import (
+    Entry,
+    Tensors,
+    WeightStore,
+    momentum_refs,
+    parameter_slots,
+    snapshot,
+    state_refs,
+)
 from orchestrator.events import TimelineEvent
 from orchestrator.formats import LayerTimes
 from orchestrator.schedule import Action, Schedule, build_schedule
@@ -279,10 +287,12 @@ class StageExecutor:
                  running: threading.Event | None = None, store: WeightStore | None = None,
                  on_checkpoint: Checkpoint | None = None,
                  on_suspect: Callable[[int, float], None] | None = None,
-                 warm: LayerTimes | None = None) -> None:
+                 warm: LayerTimes | None = None,
+                 optimizer_state: Tensors | None = None) -> None:
         """``warm``: this machine's warm per-layer times for the model (the profiler's), by
         which an emulated ``slowdown`` paces the stage's passes; without them it multiplies
-        what each pass took."""
+        what each pass took. ``optimizer_state``: the momentum buffers restored with the
+        weights, by parameter name (a resumed stage of a run with momentum needs them)."""
         spec.check()
         if spec.first and dataset is None:
             raise StageError("the first stage needs the data set")
@@ -315,12 +325,16 @@ class StageExecutor:
         self.on_suspect = on_suspect or (lambda microbatch, waited: None)
         self.gradient_arrivals: list[float] = []  # stage 0's backward timer
         # where each parameter lives, to put a stashed version in its place for one forward
-        self.slots = [(owner, name) for owner in module.modules()
-                      for name, p in owner.named_parameters(recurse=False)]
+        slots = parameter_slots(module, spec.layers[0])
+        self.slots = [(owner, name) for _, owner, name in slots]
+        self.param_names = [name for name, _, _ in slots]
         self.params = [getattr(owner, name) for owner, name in self.slots]
         self.optimizer = SGD(self.params, lr=spec.lr, momentum=spec.momentum)
-        # the stage's parameters and buffers under their model-wide names, for checkpoints
+        # the stage's parameters and buffers under their model-wide names, for checkpoints;
+        # the optimizer's momentum buffers join them once they exist
         self.state = state_refs(module, spec.layers[0])
+        self._weight_refs = len(self.state)
+        self._restore_momentum(optimizer_state or {})
         # weight versions count updates: under 1F1B one per micro-batch, under GPipe one per flush
         self.per_version = (spec.flush_every or 1) if spec.schedule == "gpipe" else 1
         self.version = first // self.per_version
@@ -343,6 +357,34 @@ class StageExecutor:
         self._steady_from = int(STEADY_FROM * sum(1 for a in self.actions if a.kind == "B"))
         self._steady: Mark | None = None
         self._latest: Mark | None = None
+
+    def _restore_momentum(self, buffers: Tensors) -> None:
+        """Take up the momentum the stage's weights were trained with: a stage resumed past
+        its first update under momentum would otherwise restart from none, and train another
+        model than the one that failed."""
+        if self.spec.momentum == 0 or (not buffers and self.spec.first_microbatch == 0):
+            return
+        if not buffers:
+            raise StageError(
+                f"resuming at {self.spec.first_microbatch} updates with momentum "
+                f"{self.spec.momentum} needs the weights' momentum buffers; none came with them")
+        restored = []
+        for name, param in zip(self.param_names, self.params, strict=True):
+            buffer = buffers.get(name)
+            if buffer is None:
+                raise StageError(f"no momentum buffer for {name}")
+            if buffer.shape != param.shape:
+                raise StageError(f"the momentum buffer of {name} has shape {list(buffer.shape)}"
+                                 f", the parameter {list(param.shape)}")
+            restored.append(buffer.to(param.dtype).clone())
+        self.optimizer.buffers = restored
+        self._keep_momentum()
+
+    def _keep_momentum(self) -> None:
+        """Checkpoints carry the optimizer's momentum buffers from when it has them."""
+        buffers = self.optimizer.buffers
+        if buffers is not None and len(self.state) == self._weight_refs:
+            self.state = self.state + momentum_refs(self.param_names, buffers)
 
     # ---- the loop
 
@@ -651,6 +693,7 @@ class StageExecutor:
             raise StageError(f"update of micro-batch {m} on weights holding {before} updates: "
                              "updates must come in micro-batch order")
         self._timed("update", m, self.version, work)
+        self._keep_momentum()
         self.version += 1
         self.result.updates += 1
         self.result.updated.extend(range(before, self.applied))

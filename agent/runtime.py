@@ -68,6 +68,7 @@ from agent.weights import (
     blob_tensor,
     from_bytes,
     load_layer_state,
+    momentum_state,
     to_bytes,
 )
 from agent.zoo import build_model
@@ -393,8 +394,9 @@ class AgentRuntime:
         clock = Clock(started_at=float(command.get("started_at") or 0.0), offset_s=self.offset_s)
         restore = command.get("restore")
         store = self.stores.setdefault(spec.run, WeightStore())
+        restored: Tensors = {}
         if restore is not None:
-            self._restore(spec, module, restore, peers, clock)
+            restored = self._restore(spec, module, restore, peers, clock)
         elif spec.generation:
             raise StageError("a deployment of a later generation needs restore")
         deployment_stop, running = threading.Event(), threading.Event()
@@ -405,6 +407,7 @@ class AgentRuntime:
             on_metric=lambda m: self._metric(spec.run, m), slowdown=self.config.slowdown,
             warm=self._warm_times(spec.model, spec.dataset, spec.batch_size),
             stop=deployment_stop, running=running, store=store,
+            optimizer_state=momentum_state(restored),
             on_checkpoint=lambda applied, tensors, chain, central: self._replicate(
                 spec, applied, tensors, chain=chain, central=central),
             on_suspect=lambda microbatch, waited: self.post({
@@ -423,9 +426,10 @@ class AgentRuntime:
     # ---- weights: restoring, replicating, serving
 
     def _restore(self, spec: StageSpec, module: torch.nn.Module, restore: Any,
-                 peers: dict[str, Any], clock: Clock) -> None:
+                 peers: dict[str, Any], clock: Clock) -> Tensors:
         """Load every part the server listed (own memory, a peer, the server) into the new
-        stage; refuses the deployment when a part is missing or does not fit."""
+        stage, and return what came (the optimizer's momentum buffers among it); refuses the
+        deployment when a part is missing or does not fit."""
         if not isinstance(restore, list):
             raise StageError("restore must be a list of parts")
         if not restore and spec.first_microbatch == 0:
@@ -433,7 +437,7 @@ class AgentRuntime:
             # the weights it was built with from the run's seed, as every first deployment does
             log.info("run %s generation %s: layers %s..%s from the run's seed (nothing trained)",
                      spec.run, spec.generation, spec.layers[0], spec.layers[1])
-            return
+            return {}
         began = clock.now()
         tensors: Tensors = {}
         moved = 0
@@ -473,6 +477,7 @@ class AgentRuntime:
                                   began, max(began, clock.now()), moved))
         log.info("run %s generation %s: restored layers %s..%s at %s updates (%d bytes moved)",
                  spec.run, spec.generation, spec.layers[0], spec.layers[1], applied, moved)
+        return tensors
 
     def _fetch_peer(self, run: int, peer: str, address: str, first: int, last: int,
                     applied: int) -> tuple[Tensors, int]:

@@ -1,10 +1,12 @@
 """Weights that outlive a stage: checkpoints, replicas, and moving them as safetensors.
 
 A stage's weights are named ``<layer index>.<name in the layer>`` (parameters and buffers), so a
-part of the model saved by one stage layout loads into any other. On the wire and on the
-server they are safetensors (a JSON header and raw bytes: nothing is unpickled); the
-metadata says ``run``, ``first``, ``last`` and ``applied`` (how many micro-batches' updates the
-weights hold, docs/architecture.md, "Fault tolerance").
+part of the model saved by one stage layout loads into any other. Under SGD with momentum the
+optimizer's buffer of each parameter travels with the weights as ``<name>:momentum``: a stage
+resumed on another device takes up the same momentum, and trains as if nothing had happened. On
+the wire and on the server they are safetensors (a JSON header and raw bytes: nothing is
+unpickled); the metadata says ``run``, ``first``, ``last`` and ``applied`` (how many
+micro-batches' updates the weights hold, docs/architecture.md, "Fault tolerance").
 
 :class:`WeightStore` keeps, per run and across generations, what this agent can restore from
 or serve to a recovering neighbour: its own checkpoints (at replication points and in the
@@ -25,7 +27,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import nn
 
-from orchestrator.redistribution import tensor_layer
+from orchestrator.redistribution import MOMENTUM_SUFFIX, momentum_name, tensor_layer
 
 Tensors = dict[str, torch.Tensor]
 KEEP_REPLICATION_POINTS = 2  # of each kind (own, replica): the newest two
@@ -35,16 +37,44 @@ class WeightError(ValueError):
     """Weights that do not fit (a malformed blob, a missing or foreign tensor)."""
 
 
+def _model_wide(local_name: str, first: int) -> str:
+    """A stage's name of a tensor ("0.weight") as the model's ("<first>.weight")."""
+    local, _, rest = local_name.partition(".")
+    return f"{first + int(local)}.{rest}"
+
+
+def parameter_slots(module: nn.Module, first: int) -> list[tuple[str, nn.Module, str]]:
+    """(model-wide name, owning module, attribute) of each of the stage's parameters, in the
+    order ``module.modules()`` visits their owners: where a stashed weight version goes for one
+    forward, and what names the optimizer's buffers travel under."""
+    out = []
+    for prefix, owner in module.named_modules():
+        for name, _ in owner.named_parameters(recurse=False):
+            qualified = f"{prefix}.{name}" if prefix else name
+            out.append((_model_wide(qualified, first), owner, name))
+    return out
+
+
+def momentum_state(tensors: Mapping[str, torch.Tensor]) -> Tensors:
+    """The momentum buffers among restored tensors, by the name of their parameter."""
+    return {k[:-len(MOMENTUM_SUFFIX)]: v for k, v in tensors.items()
+            if k.endswith(MOMENTUM_SUFFIX)}
+
+
+def momentum_refs(names: list[str], buffers: list[torch.Tensor]
+                  ) -> list[tuple[str, torch.Tensor]]:
+    """The optimizer's momentum buffers under their travelling names, as views (they follow the
+    optimizer's in-place updates, as :func:`state_refs` does)."""
+    return [(momentum_name(n), b.detach()) for n, b in zip(names, buffers, strict=True)]
+
+
 def state_refs(module: nn.Module, first: int) -> list[tuple[str, torch.Tensor]]:
     """``module``'s parameters and buffers (a stage: an nn.Sequential of layers ``first``..)
     under their model-wide names, as views of the live tensors: they follow in-place updates
     (the optimizer's, a load), so a stage can :func:`snapshot` them after every update without
     walking the module again (``state_dict`` took two thirds of a checkpoint of the MLP)."""
-    out = []
-    for name, tensor in module.state_dict().items():
-        local, _, rest = name.partition(".")
-        out.append((f"{first + int(local)}.{rest}", tensor.detach()))
-    return out
+    return [(_model_wide(name, first), tensor.detach())
+            for name, tensor in module.state_dict().items()]
 
 
 def snapshot(refs: list[tuple[str, torch.Tensor]]) -> Tensors:
@@ -53,12 +83,12 @@ def snapshot(refs: list[tuple[str, torch.Tensor]]) -> Tensors:
 
 
 def load_layer_state(module: nn.Module, first: int, tensors: Mapping[str, torch.Tensor]) -> None:
-    """Load model-wide named tensors into the stage; every tensor of the stage must be there."""
+    """Load model-wide named tensors into the stage; every tensor of the stage must be there
+    (momentum buffers among them are the optimizer's: :func:`momentum_state`)."""
     wanted = module.state_dict()
     renamed: Tensors = {}
     for name in wanted:
-        local, _, rest = name.partition(".")
-        key = f"{first + int(local)}.{rest}"
+        key = _model_wide(name, first)
         if key not in tensors:
             raise WeightError(f"no weights for {key}")
         if tensors[key].shape != wanted[name].shape:

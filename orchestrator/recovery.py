@@ -41,7 +41,7 @@ from orchestrator.cost import CostModel
 from orchestrator.errors import FormatError, PlanningError
 from orchestrator.formats import ModelProfile, Plan, check_stages
 from orchestrator.partition.common import finish_plan
-from orchestrator.redistribution import CENTRAL
+from orchestrator.redistribution import CENTRAL, state_bytes
 from orchestrator.validation import At, expect_integer, expect_list, expect_object
 
 __all__ = [
@@ -278,7 +278,7 @@ def _source(device: str, layer: int, at_v: Sequence[Holding]) -> tuple[str, str]
 
 
 def restore_plan(new: Plan, holdings: Sequence[Holding], profile: ModelProfile, *,
-                 at_most: int | None = None) -> RestorePlan:
+                 at_most: int | None = None, momentum: bool = False) -> RestorePlan:
     """At V = resume_point(...): for each device of each stage of ``new`` and each layer of its
     stage, the source, by preference:
 
@@ -290,8 +290,10 @@ def restore_plan(new: Plan, holdings: Sequence[Holding], profile: ModelProfile, 
     5. CENTRAL at V.
 
     Consecutive layers with the same (source, kind) become one Part; bytes = sum of the layers'
-    ``param_bytes``. Raises :class:`RecoveryError` naming the first layer without any copy (when
-    there is no resume point), and if ``new`` does not cover the profile's layers once each."""
+    ``param_bytes``, twice that with ``momentum`` (the optimizer's buffers move with the
+    weights, :func:`~orchestrator.redistribution.state_bytes`). Raises :class:`RecoveryError`
+    naming the first layer without any copy (when there is no resume point), and if ``new`` does
+    not cover the profile's layers once each."""
     num_layers = profile.num_layers
     try:
         check_stages(new.stages, num_layers=num_layers, device_ids=new.device_ids,
@@ -313,7 +315,7 @@ def restore_plan(new: Plan, holdings: Sequence[Holding], profile: ModelProfile, 
             for layer in range(stage.first + 1, stage.last + 2):
                 nxt = _source(device, layer, at_v) if layer <= stage.last else None
                 if nxt != src:
-                    size = sum(profile.layers[i].param_bytes for i in range(start, layer))
+                    size = state_bytes(profile, start, layer - 1, momentum=momentum)
                     parts.append(Part(device=device, layers=(start, layer - 1), applied=resume,
                                       source=src[0], kind=src[1], bytes=size))
                     if nxt is not None:

@@ -26,6 +26,7 @@ from types import MappingProxyType
 from orchestrator.formats import ModelProfile, Plan
 
 CENTRAL = "central"
+MOMENTUM_SUFFIX = ":momentum"  # a parameter's SGD momentum buffer travels as "<name>:momentum"
 
 Ranges = tuple[tuple[int, int], ...]
 
@@ -86,10 +87,18 @@ def holdings(plan: Plan) -> tuple[dict[str, set[int]], dict[str, set[int]]]:
     return live, replica
 
 
+def state_bytes(profile: ModelProfile, first: int, last: int, *, momentum: bool) -> int:
+    """Bytes of layers first..last's training state: their parameters, and as much again for
+    the optimizer's momentum buffers when the run uses momentum (they move with the weights)."""
+    size = sum(profile.layers[i].param_bytes for i in range(first, last + 1))
+    return 2 * size if momentum else size
+
+
 def redistribute_weights(*, old: Plan, new: Plan, failed: Collection[str],
-                         profile: ModelProfile) -> Redistribution:
+                         profile: ModelProfile, momentum: bool = False) -> Redistribution:
     """Algorithm 1: the keep / fetch / drop lists that take the devices from ``old`` to ``new``
-    when the devices in ``failed`` are gone."""
+    when the devices in ``failed`` are gone; ``momentum``: the run's optimizer keeps momentum
+    buffers, which move with the weights (twice the bytes)."""
     num_layers = profile.num_layers
     for name, plan in (("old", old), ("new", new)):
         if plan.stages[-1].last != num_layers - 1:
@@ -133,7 +142,7 @@ def redistribute_weights(*, old: Plan, new: Plan, failed: Collection[str],
             for (src, is_replica), run in groupby(moving, key=lambda x: x[1]):
                 run_layers = [layer for layer, _ in run]
                 for a, e in _ranges(run_layers):
-                    size = sum(profile.layers[i].param_bytes for i in range(a, e + 1))
+                    size = state_bytes(profile, a, e, momentum=momentum)
                     fetch.append(Transfer(device=device, layers=(a, e), source=src,
                                           replica=is_replica, bytes=size))
     for device in sorted(set(live) | set(replica)):
@@ -145,10 +154,17 @@ def redistribute_weights(*, old: Plan, new: Plan, failed: Collection[str],
                           drop=MappingProxyType(drop))
 
 
+def momentum_name(name: str) -> str:
+    """The name the momentum buffer of parameter ``name`` travels under ("3.0.weight" ->
+    "3.0.weight:momentum")."""
+    return name + MOMENTUM_SUFFIX
+
+
 def tensor_layer(name: str) -> int | None:
     """The layer a weight tensor belongs to: weights travel named ``<layer index>.<name in the
-    layer>`` ("3.0.weight" -> 3), between agents and to the server, so that any stage layout can
-    load them; None for a name that does not follow that."""
+    layer>`` ("3.0.weight" -> 3), and a parameter's momentum buffer as that name plus
+    ``:momentum``, between agents and to the server, so that any stage layout can load them;
+    None for a name that does not follow that."""
     index, dot, rest = name.partition(".")
     if not dot or not rest or not index.isascii() or not index.isdigit():
         return None

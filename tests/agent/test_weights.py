@@ -20,6 +20,7 @@ from agent.weights import (
     WeightStore,
     from_bytes,
     load_layer_state,
+    momentum_state,
     snapshot,
     state_refs,
     to_bytes,
@@ -92,8 +93,8 @@ def test_a_part_merges_own_weights_and_replicas_or_is_missing() -> None:
 
 
 def train(layers: Sequence[tuple[int, int]], *, microbatches: int, first_microbatch: int = 0,
-          start: dict[str, torch.Tensor] | None = None, chain_every: int = 0
-          ) -> tuple[torch.Tensor, list[WeightStore], list[list[int]]]:
+          start: dict[str, torch.Tensor] | None = None, chain_every: int = 0,
+          momentum: float = 0.0) -> tuple[torch.Tensor, list[WeightStore], list[list[int]]]:
     """Train the MLP on digits through a real ZeroMQ pipeline of ``layers`` (GPipe flushing
     every micro-batch: no staleness, so the result does not depend on the layout); returns the
     final weights, each stage's store and the micro-batches each stage updated."""
@@ -118,11 +119,13 @@ def train(layers: Sequence[tuple[int, int]], *, microbatches: int, first_microba
                          stage_devices=tuple((d,) for d in devices),
                          stage_times_s=tuple((1.0,) for _ in devices), microbatches=microbatches,
                          flush_every=1, lr=0.1, receive_timeout_s=30, generation=1,
-                         first_microbatch=first_microbatch, chain_every=chain_every)
+                         first_microbatch=first_microbatch, chain_every=chain_every,
+                         momentum=momentum)
         try:
             result = StageExecutor(spec, module=net.stage(*layers[k]), plane=planes[devices[k]],
                                    clock=clock, dataset=DIGITS if k == 0 else None,
-                                   store=stores[k]).run()
+                                   store=stores[k],
+                                   optimizer_state=momentum_state(start or {})).run()
             updated[k] = result.updated
         except BaseException as exc:  # surfaced by the assertion below
             errors.append(exc)
@@ -132,8 +135,11 @@ def train(layers: Sequence[tuple[int, int]], *, microbatches: int, first_microba
     return torch.cat([p.detach().flatten() for p in net.full().parameters()]), stores, updated
 
 
-def test_a_pipeline_resumed_at_a_checkpoint_trains_as_if_it_never_stopped() -> None:
-    whole, stores, updated = train([(0, 1), (2, 2), (3, 3)], microbatches=40, chain_every=8)
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_a_pipeline_resumed_at_a_checkpoint_trains_as_if_it_never_stopped(
+        momentum: float) -> None:
+    whole, stores, updated = train([(0, 1), (2, 2), (3, 3)], microbatches=40, chain_every=8,
+                                   momentum=momentum)
     assert updated == [list(range(40))] * 3  # every update once, in order, on every stage
     # the checkpoints at 32 updates of the three stages (the newest two replication points,
     # 32 and 40, are kept), resumed on another layout
@@ -142,10 +148,39 @@ def test_a_pipeline_resumed_at_a_checkpoint_trains_as_if_it_never_stopped() -> N
         part = store.part(*layers, 32)
         assert part is not None
         checkpoint.update(part)
+    # under momentum the optimizer's buffer of every parameter comes with the weights
+    buffers = {k for k in checkpoint if k.endswith(":momentum")}
+    parameters = {k for k in checkpoint if k.endswith((".weight", ".bias"))}
+    assert buffers == ({f"{k}:momentum" for k in parameters} if momentum else set())
     resumed, _, updated = train([(0, 2), (3, 3)], microbatches=40, first_microbatch=32,
-                                start=checkpoint)
+                                start=checkpoint, momentum=momentum)
     assert updated == [list(range(32, 40))] * 2
     assert torch.equal(resumed, whole)
+
+
+def test_a_stage_resumed_under_momentum_without_its_buffers_is_refused() -> None:
+    _, stores, _ = train([(0, 3)], microbatches=8, chain_every=4, momentum=0.9)
+    part = stores[0].part(0, 3, 8)
+    assert part is not None
+    weights_only = {k: v for k, v in part.items() if not k.endswith(":momentum")}
+    spec = StageSpec(run=1, device="d0", stage=0, layers=(0, 3), model="mlp", dataset="digits",
+                     batch_size=32, schedule="gpipe", stage_devices=(("d0",),),
+                     stage_times_s=((1.0,),), microbatches=16, flush_every=1, momentum=0.9,
+                     first_microbatch=8, generation=1)
+    plane = DataPlane(bind="tcp://127.0.0.1:0")
+    try:
+        with pytest.raises(StageError, match="needs the weights' momentum buffers"):
+            StageExecutor(spec, module=mlp().stage(0, 3), plane=plane,
+                          clock=Clock(started_at=time.time()), dataset=DIGITS,
+                          optimizer_state=momentum_state(weights_only))
+        missing = momentum_state(part)
+        missing.pop("3.0.bias")
+        with pytest.raises(StageError, match=r"no momentum buffer for 3\.0\.bias"):
+            StageExecutor(spec, module=mlp().stage(0, 3), plane=plane,
+                          clock=Clock(started_at=time.time()), dataset=DIGITS,
+                          optimizer_state=missing)
+    finally:
+        plane.close()
 
 
 def test_a_resume_point_off_a_batch_boundary_is_refused_under_gpipe() -> None:

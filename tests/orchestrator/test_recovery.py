@@ -223,6 +223,25 @@ def test_restore_plan_example() -> None:
     assert plan.to_json()["resume"] == 10
 
 
+def test_momentum_buffers_move_with_their_weights() -> None:
+    # under SGD with momentum every parameter's buffer travels beside it: twice the bytes, the
+    # same sources, in the restore plan and in Algorithm 1 alike
+    holdings = [own("a", 0, 3, 10), own("b", 4, 7, 10), central(0, 7, 10)]
+    new = plan_of(((0, 5), ("a",)), ((6, 7), ("c",)))
+    plain = restore_plan(new, holdings, PROFILE)
+    doubled = restore_plan(new, holdings, PROFILE, momentum=True)
+    assert [(p.device, p.layers, p.source) for p in doubled.parts] == [
+        (p.device, p.layers, p.source) for p in plain.parts]
+    assert [p.bytes for p in doubled.parts] == [2 * p.bytes for p in plain.parts]
+    assert doubled.bytes_moved == 2 * plain.bytes_moved > 0
+    old = plan_of(((0, 3), ("a",)), ((4, 7), ("b",)))
+    moved = redistribute_weights(old=old, new=new, failed=(), profile=PROFILE)
+    with_momentum = redistribute_weights(old=old, new=new, failed=(), profile=PROFILE,
+                                         momentum=True)
+    assert [t.bytes for t in with_momentum.fetch] == [2 * t.bytes for t in moved.fetch]
+    assert with_momentum.bytes_moved == 2 * moved.bytes_moved == 2 * (500 + 600 + 700 + 800)
+
+
 def test_own_replica_beats_a_peer_and_ties_go_to_the_first_id() -> None:
     holdings = [own("c", 0, 7, 3), own("b", 0, 7, 3), replica("a", 2, 3, 3),
                 replica("d", 4, 4, 3), replica("e", 4, 5, 3)]

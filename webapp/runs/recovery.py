@@ -317,7 +317,7 @@ def _replan(run: Run) -> Run:
             holders = [rd for rd in RunDevice.objects.filter(run=run).select_related("device")
                        if rd.holdings and rd.device.uid not in lost]
             holdings = _holdings(run, holders)
-            restore = restore_plan(plan, holdings, profile)
+            restore = restore_plan(plan, holdings, profile, momentum=run.momentum > 0)
     except (PlanningError, FormatError, ValueError, KeyError) as exc:
         return _fail(run, f"recovery {generation} failed: {exc}")
     if run.schedule == "gpipe" and restore.resume % run.microbatches:
@@ -506,7 +506,8 @@ def _repartition_decision(run: Run, progress: int) -> Decision | None:
     same = [(s.layers, s.devices) for s in plan.stages] == [
         (s.layers, s.devices) for s in current.stages]
     moved = 0 if same else redistribute_weights(
-        old=current, new=plan, failed=(), profile=profile).bytes_moved
+        old=current, new=plan, failed=(), profile=profile,
+        momentum=run.momentum > 0).bytes_moved
     bandwidth = min(d.bandwidth_bps for d in cm.devices.devices)
     decision = repartition_decision(
         measured_period_s=measured, new_period_s=predicted.period_s,
