@@ -3,7 +3,8 @@ on digits through three agent processes and SIGKILLs agents mid-run (the middle 
 stage's, both at once; the middle stage's while the run is paused, `--pause-at`). The run
 recovers on the survivors and finishes; every micro-batch's update is applied exactly once in
 the weights the run ends with; the loss goes on from where it was; the recovery is on the run's
-timeline."""
+timeline. The run that loses two agents trains with SGD momentum, whose buffers travel with
+the weights: they are in every replica the server keeps."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from safetensors import safe_open
 
 from tests.conftest import ROOT
 from tests.webapp.integration.stack import child_env, free_port
@@ -27,7 +29,7 @@ TOTAL = MICROBATCHES * BATCHES
 SCENARIOS = {"middle": "demo-slow", "last": "demo-slowlink", "two": "demo-slow,demo-slowlink",
              "paused": "demo-slow"}
 # the run paused at 2 s and resumed 2.5 s later (once paused), the agent killed in between
-EXTRA = {"paused": ["--pause-at", "2.0", "--pause-for", "2.5"]}
+EXTRA = {"paused": ["--pause-at", "2.0", "--pause-for", "2.5"], "two": ["--momentum", "0.5"]}
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +121,18 @@ def test_a_killed_agent_s_run_recovers_and_finishes(var: Path, scenario: str) ->
     assert mean_after < min(first - 0.5 * (first - mean_before), 1.5 * mean_before), (
         first, mean_before, mean_after)
     assert summary["loss_last"] < 0.3 * summary["loss_first"]
+
+    # the global replicas hold each parameter's momentum buffer beside it under momentum
+    replicas = rows(var, "SELECT path FROM runs_weightreplica WHERE run_id = ?", run)
+    assert replicas
+    for (path,) in replicas:
+        with safe_open(str(var / "replicas" / path), framework="pt") as f:
+            names = set(f.keys())
+        parameters = {n for n in names if n.endswith((".weight", ".bias"))}
+        buffers = {n for n in names if n.endswith(":momentum")}
+        assert parameters
+        assert buffers == ({f"{n}:momentum" for n in parameters} if scenario == "two"
+                           else set()), path
 
 
 def test_an_agent_killed_while_the_run_starts_makes_it_start_on_the_others(

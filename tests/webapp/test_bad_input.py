@@ -81,7 +81,7 @@ def run_create(api: APIClient) -> Endpoint:
         "name": "r", "model_spec": ModelSpecFactory().pk, "devices": [d.pk for d in devices],
         "algorithms": ["ftpipehd"], "schedule": "gpipe", "microbatches": 4, "batches": 10,
         "epochs": 2, "chain_every": 1, "global_every": 0, "repartition_after": 5,
-        "repartition_every": 50}, 201)
+        "repartition_every": 50, "lr": 0.05, "momentum": 0.9}, 201)
 
 
 def run_plan(api: APIClient) -> Endpoint:
@@ -185,6 +185,11 @@ CASES = [
     ("run_create", "repartition_after", 0, "repartition_after", "Ensure this value is greater "
                                                                 "than or equal to 1"),
     ("run_create", "repartition_every", 1.5, "repartition_every", "must be an integer"),
+    ("run_create", "lr", 0, "lr", "Ensure this value is greater than or equal to 1e-09"),
+    ("run_create", "lr", "fast", "lr", "must be a finite number"),
+    ("run_create", "lr", "nan", "lr", "must be a finite number"),
+    ("run_create", "momentum", 1, "momentum", "Ensure this value is less than or equal to 0.999"),
+    ("run_create", "momentum", -0.5, "momentum", "Ensure this value is greater than or equal"),
     ("run_plan", "algorithms", "uniform", "algorithms", "Expected a list of items"),
     ("run_plan", "algorithms", ["uniform", "uniform"], "algorithms[1]", "repeats 'uniform'"),
     ("run_plan", "algorithms", [], "algorithms", "This list may not be empty"),

@@ -67,6 +67,16 @@ def _number(raw: str) -> int | str:
         return text
 
 
+def _decimal(raw: str) -> float | str:
+    """A form's decimal number (a learning rate) as the JSON API would get it, as
+    :func:`_number` does for integers."""
+    text = raw.strip()
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
 def _present(form: QueryDict, name: str) -> bool:
     return bool(form.get(name, "").strip())
 
@@ -78,13 +88,18 @@ def run_form_data(form: QueryDict) -> dict[str, Any]:
     data: dict[str, Any] = {"name": form.get("name", "").strip(),
                             "devices": [_number(v) for v in form.getlist("devices")],
                             "algorithms": form.getlist("algorithms")}
-    for name in ("microbatches", "batches"):
+    for name in ("microbatches", "batches", "chain_every", "global_every", "repartition_after",
+                 "repartition_every"):
         if name in form:
             data[name] = _number(form[name])
+    for name in ("lr", "momentum"):
+        if name in form:
+            data[name] = _decimal(form[name])
     if _present(form, "model_spec"):
         data["model_spec"] = _number(form["model_spec"])
-    if _present(form, "schedule"):
-        data["schedule"] = form["schedule"].strip()
+    for name in ("schedule", "recovery_policy"):
+        if _present(form, name):
+            data[name] = form[name].strip()
     return data
 
 

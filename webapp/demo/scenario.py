@@ -222,17 +222,18 @@ class LocalTestbed:
     def plan(self, spec: int, *, devices: Sequence[dict[str, Any]], name: str,
              algorithms: Sequence[str], schedule: str, microbatches: int,
              batches: int, repartition_every: int | None = None,
-             chain_every: int | None = None, global_every: int | None = None
-             ) -> dict[str, Any]:
+             chain_every: int | None = None, global_every: int | None = None,
+             momentum: float | None = None) -> dict[str, Any]:
         """Create a run and plan it with every algorithm; returns the plans' comparison.
-        ``repartition_every``, ``chain_every`` and ``global_every`` (batches; 0: off) override
-        the run's defaults."""
+        ``repartition_every``, ``chain_every`` and ``global_every`` (batches; 0: off) and
+        ``momentum`` (SGD's) override the run's defaults."""
         payload: dict[str, Any] = {
             "name": name, "model_spec": spec, "devices": [d["id"] for d in devices],
             "algorithms": list(algorithms), "schedule": schedule,
             "microbatches": microbatches, "batches": batches, "epochs": 1}
         for setting, value in (("repartition_every", repartition_every),
-                               ("chain_every", chain_every), ("global_every", global_every)):
+                               ("chain_every", chain_every), ("global_every", global_every),
+                               ("momentum", momentum)):
             if value is not None:
                 payload[setting] = value
         run = self.api.post("/api/runs/", payload)
@@ -383,6 +384,7 @@ class DemoOptions:
     slow_agent_at: float | None = None  # seconds into the run: slow an agent down (heat)
     slow_agent: str = ""  # which (default: the device of the plan's middle stage)
     slow_to: float = 20.0  # how many times slower than this machine
+    momentum: float | None = None  # SGD momentum of the run (None: the run's default, 0)
 
 
 def run_demo(options: DemoOptions, *, say: Callable[[str], None] = print
@@ -403,6 +405,8 @@ def run_demo(options: DemoOptions, *, say: Callable[[str], None] = print
         raise DemoError("--slow-agent: say when with --slow-agent-at SECONDS")
     if not 1 <= o.slow_to <= 1000:
         raise DemoError(f"--slow-to must be from 1 to 1000, got {o.slow_to:g}")
+    if o.momentum is not None and not 0 <= o.momentum < 1:
+        raise DemoError(f"--momentum must be from 0 to below 1, got {o.momentum:g}")
     with LocalTestbed(agents=o.agents, host=o.host, port=o.port, say=say) as testbed:
         say(f"EdgePipe demo on {testbed.url}/ (log in as {testbed.username} / "
             f"{testbed.password})")
@@ -415,7 +419,7 @@ def run_demo(options: DemoOptions, *, say: Callable[[str], None] = print
             spec, devices=testbed.devices, algorithms=o.algorithms, schedule=o.schedule,
             name=f"demo: {o.model} on {o.dataset} over {len(testbed.devices)} devices",
             microbatches=o.microbatches, batches=o.batches,
-            repartition_every=o.repartition_every)
+            repartition_every=o.repartition_every, momentum=o.momentum)
         say(f"  {compared['reason']}")
         row = chosen_plan(compared, o.plan)
         say(f"starting the {row['algorithm']} plan ({row['stages']} stages, predicted "

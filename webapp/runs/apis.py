@@ -72,6 +72,11 @@ class RunListCreateApi(APIView):
             choices=["replan", "respipe"], required=False, default="replan",
             help_text="after a failure: replan (re-plan the survivors with the run's planner) "
                       "or respipe (the baseline: the failed stage's successor takes its layers)")
+        lr = fields.FloatField(min_value=1e-9, max_value=100.0, required=False, default=0.1,
+                               help_text="SGD learning rate of every stage")
+        momentum = fields.FloatField(
+            min_value=0.0, max_value=0.999, required=False, default=0.0,
+            help_text="SGD momentum; its buffers are replicated and restored with the weights")
 
     @extend_schema(parameters=[RunFilter], responses=RunOutput(many=True))
     def get(self, request: Request) -> Response:

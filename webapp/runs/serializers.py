@@ -32,6 +32,8 @@ class RunOutput(serializers.Serializer):
         help_text="batches between dynamic re-partition checks; 0 = off")
     recovery_policy = serializers.CharField(
         help_text="replan (re-plan the survivors) or respipe (the successor takes over)")
+    lr = serializers.FloatField(help_text="SGD learning rate of every stage")
+    momentum = serializers.FloatField(help_text="SGD momentum of every stage")
     generation = serializers.IntegerField(
         help_text="the current deployment: 0 at start, +1 at each recovery or re-partition")
     state = serializers.CharField()

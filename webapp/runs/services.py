@@ -67,11 +67,12 @@ def run_create(*, name: str, model_spec: ModelSpec, devices: Sequence[Device],
                batches: int = 100, epochs: int = 1, chain_every: int = 2,
                global_every: int = 10, repartition_after: int = 10,
                repartition_every: int = 100, recovery_policy: str = "replan",
+               lr: float = 0.1, momentum: float = 0.0,
                created_by: AbstractBaseUser | None = None) -> Run:
     """A draft run of ``model_spec`` on ``devices`` (in pipeline order). ``chain_every``,
     ``global_every`` (replication) and ``repartition_every`` count batches, 0 turning each
-    off; ``repartition_after`` is checked here too since services are called without the
-    API's validation (the run form, benches)."""
+    off; ``repartition_after``, ``lr`` and ``momentum`` (every stage's SGD) are checked here
+    too since services are called without the API's validation (the run form, benches)."""
     if not devices:
         raise InvalidInput("devices", "must name at least one device")
     for i, device in enumerate(devices):
@@ -90,15 +91,24 @@ def run_create(*, name: str, model_spec: ModelSpec, devices: Sequence[Device],
             raise InvalidInput(field, f"must be an integer of at least {least} (batches)")
     if recovery_policy not in ("replan", "respipe"):
         raise InvalidInput("recovery_policy", "must be replan or respipe")
+    if not _number(lr) or not 0 < lr <= 100:
+        raise InvalidInput("lr", "must be a number above 0 and at most 100")
+    if not _number(momentum) or not 0 <= momentum < 1:
+        raise InvalidInput("momentum", "must be a number of at least 0 and below 1")
     run = Run.objects.create(name=name, model_spec=model_spec,
                              algorithms=_check_algorithms(algorithms), schedule=schedule,
                              microbatches=microbatches, batches=batches, epochs=epochs,
                              created_by=created_by, recovery_policy=recovery_policy,
-                             **fault_settings)
+                             lr=float(lr), momentum=float(momentum), **fault_settings)
     RunDevice.objects.bulk_create(RunDevice(run=run, device=d, position=k)
                                   for k, d in enumerate(devices))
     events.run_event_send(run.pk, events.event_run(run))
     return run
+
+
+def _number(value: object) -> bool:
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value))
 
 
 # --------------------------------------------------------------------------- state machine

@@ -20,7 +20,7 @@ from django.utils import timezone
 from webapp.demo.client import DemoError
 from webapp.demo.management.commands.demo import Command
 from webapp.demo.processes import ProcessGroup
-from webapp.demo.scenario import DEFAULT_AGENTS, LocalTestbed
+from webapp.demo.scenario import DEFAULT_AGENTS, DemoOptions, LocalTestbed, run_demo
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 
@@ -126,3 +126,14 @@ def test_the_kill_flags_help_says_which_agent_by_default():
     text = " ".join(Command().create_parser("manage.py", "demo").format_help().split())
     assert "--kill-agent-at SECONDS fault injection: SECONDS after the run starts" in text
     assert "(default: the device of the middle stage of the chosen plan)" in text
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"momentum": 1.0}, "--momentum must be from 0 to below 1, got 1"),
+    ({"momentum": -0.1}, "--momentum must be from 0 to below 1, got -0.1"),
+    ({"slow_to": 0.5}, "--slow-to must be from 1 to 1000, got 0.5"),
+    ({"kill_agents": ("demo-fast",)}, "--kill-agent: say when with --kill-agent-at SECONDS"),
+])
+def test_bad_demo_options_are_refused_before_anything_starts(changes, message):
+    with pytest.raises(DemoError, match=re.escape(message)):
+        run_demo(DemoOptions(**changes), say=lambda line: None)

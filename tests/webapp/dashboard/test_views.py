@@ -139,7 +139,8 @@ def run_form(spec: int, chosen: list[Device], **changes: object) -> dict[str, ob
     form: dict[str, object] = {"name": "lab run", "model_spec": str(spec),
                                "devices": [str(d.pk) for d in chosen],
                                "algorithms": ["ftpipehd", "uniform"], "schedule": "1f1b",
-                               "microbatches": "4", "batches": "10"}
+                               "microbatches": "4", "batches": "10", "lr": "0.05",
+                               "momentum": "0.9"}
     form.update(changes)
     return {k: v for k, v in form.items() if v is not None}
 
@@ -154,7 +155,26 @@ def test_a_run_is_created_in_pipeline_order_and_planned(browser: Client, profile
     assert answer.status_code == 302 and answer["Location"] == f"/runs/{run.pk}/"
     assert [rd.device for rd in run.run_devices.all()] == chosen
     assert run.state == Run.State.PLANNED and run.microbatches == 4
+    assert (run.lr, run.momentum) == (0.05, 0.9)
     assert sorted(run.plans.values_list("algorithm", flat=True)) == ["ftpipehd", "uniform"]
+    assert "SGD lr 0.05, momentum 0.9" in browser.get(answer["Location"]).content.decode()
+    # the fault-tolerance settings left as the form shows them: the run's defaults
+    assert (run.chain_every, run.global_every, run.repartition_after, run.repartition_every,
+            run.recovery_policy) == (2, 10, 10, 100, "replan")
+
+
+def test_the_form_sets_the_fault_tolerance_settings(browser: Client, profiled):
+    spec, devices = profiled
+    form = run_form(spec, devices, chain_every="1", global_every="0", repartition_after="3",
+                    repartition_every="0", recovery_policy="respipe")
+    page = browser.get("/runs/new/").content.decode()
+    for name in ("chain_every", "global_every", "repartition_after", "repartition_every",
+                 "recovery_policy", "lr", "momentum"):
+        assert f'name="{name}"' in page
+    assert browser.post("/runs/new/", form).status_code == 302
+    run = Run.objects.get()
+    assert (run.chain_every, run.global_every, run.repartition_after, run.repartition_every,
+            run.recovery_policy) == (1, 0, 3, 0, "respipe")
 
 
 @pytest.mark.parametrize(("changes", "field", "reason"), [
@@ -170,6 +190,15 @@ def test_a_run_is_created_in_pipeline_order_and_planned(browser: Client, profile
     ({"microbatches": "0"}, "microbatches", "Ensure this value is greater than or equal to 1."),
     ({"microbatches": "four"}, "microbatches", "must be an integer"),
     ({"batches": ""}, "batches", "must be an integer"),
+    ({"lr": "0"}, "lr", "Ensure this value is greater than or equal to 1e-09."),
+    ({"lr": "fast"}, "lr", "must be a finite number"),
+    ({"momentum": "1"}, "momentum", "Ensure this value is less than or equal to 0.999."),
+    ({"momentum": "nan"}, "momentum", "must be a finite number"),
+    ({"chain_every": "-1"}, "chain_every", "Ensure this value is greater than or equal to 0."),
+    ({"global_every": "often"}, "global_every", "must be an integer"),
+    ({"repartition_after": "0"}, "repartition_after",
+     "Ensure this value is greater than or equal to 1."),
+    ({"recovery_policy": "pray"}, "recovery_policy", '"pray" is not a valid choice.'),
 ])
 def test_a_bad_value_is_refused_next_to_its_field(browser: Client, profiled, changes, field,
                                                   reason):

@@ -128,7 +128,7 @@ def test_hello_stores_the_agents_measured_fixed_costs() -> None:
 
 
 def test_a_run_is_deployed_started_fed_and_finished_by_its_agents() -> None:
-    run, devices = planned_run()
+    run, devices = planned_run(lr=0.05, momentum=0.9)
 
     async def scenario() -> tuple[list[dict[str, Any]], list[dict[str, Any]], str, str]:
         agents = await connect_all(devices)
@@ -161,6 +161,7 @@ def test_a_run_is_deployed_started_fed_and_finished_by_its_agents() -> None:
     assert [s["device"] for s in specs] == [d.uid for d in devices]
     assert specs[0]["layers"][0] == 0 and specs[-1]["layers"][1] == 3  # the factory's 4 layers
     assert specs[0]["microbatches"] == 4 * 2 and specs[0]["flush_every"] == 4
+    assert {(s["lr"], s["momentum"]) for s in specs} == {(0.05, 0.9)}  # the run's SGD
     assert deploys[0]["peers"] == {d.uid: f"tcp://127.0.0.1:{6000 + k}"
                                    for k, d in enumerate(devices)}
     assert {s["command"] for s in starts} == {"start"}

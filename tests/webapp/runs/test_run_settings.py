@@ -1,5 +1,6 @@
-"""A run's fault-tolerance settings: replication periods and dynamic re-partition checks,
-chosen at creation (REST and run_create) and shown with the run's generation."""
+"""A run's settings: replication periods and dynamic re-partition checks (fault tolerance) and
+the stages' SGD (learning rate, momentum), chosen at creation (REST and run_create) and shown
+with the run's generation."""
 
 from __future__ import annotations
 
@@ -28,6 +29,15 @@ def test_a_run_takes_the_documented_defaults(api):
     assert {k: run[k] for k in (*SETTINGS, "generation")} == {
         "chain_every": 2, "global_every": 10, "repartition_after": 10,
         "repartition_every": 100, "generation": 0}
+    assert (run["lr"], run["momentum"]) == (0.1, 0.0)
+
+
+def test_a_run_trains_with_the_sgd_it_was_created_with(api):
+    created = api.post("/api/runs/", body(lr=0.05, momentum=0.9), format="json")
+    assert created.status_code == 201, created.json()
+    assert (created.json()["lr"], created.json()["momentum"]) == (0.05, 0.9)
+    run = Run.objects.get(pk=created.json()["id"])
+    assert (run.lr, run.momentum) == (0.05, 0.9)
 
 
 def test_a_run_keeps_the_settings_it_was_created_with(api):
@@ -58,7 +68,8 @@ def test_a_bad_setting_is_a_400_naming_it(api, field, value, reason):
 
 @pytest.mark.parametrize(("field", "value"), [
     ("chain_every", -2), ("global_every", True), ("repartition_after", 0),
-    ("repartition_every", 1.0)])
+    ("repartition_every", 1.0), ("lr", 0.0), ("lr", float("inf")), ("lr", True),
+    ("momentum", 1.0), ("momentum", float("nan")), ("momentum", "0.9")])
 def test_run_create_checks_the_settings_itself(field, value):
     """The run form and the benches call the service without the API's validation."""
     with pytest.raises(InvalidInput) as caught:

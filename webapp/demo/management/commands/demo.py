@@ -67,6 +67,9 @@ class Command(BaseCommand):
                                  "the middle stage of the chosen plan)")
         parser.add_argument("--slow-to", type=float, default=20.0, metavar="X",
                             help="how many times slower than this machine (default 20)")
+        parser.add_argument("--momentum", type=float, default=None, metavar="M",
+                            help="SGD momentum of the run, from 0 to below 1 (default 0); its "
+                                 "buffers are replicated and restored with the weights")
 
     def handle(self, *args: Any, **options: Any) -> None:
         logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -82,7 +85,7 @@ class Command(BaseCommand):
             plan=options["plan"], headless=options["headless"],
             repartition_every=options["repartition_every"],
             slow_agent_at=options["slow_agent_at"], slow_agent=options["slow_agent"],
-            slow_to=options["slow_to"],
+            slow_to=options["slow_to"], momentum=options["momentum"],
             kill_agent_at=options["kill_agent_at"],
             pause_at=options["pause_at"], pause_for=options["pause_for"],
             kill_agents=tuple(a.strip() for a in options["kill_agent"].split(",") if a.strip()))
