@@ -34,7 +34,7 @@ from django.utils.dateparse import parse_datetime
 from webapp.demo.client import ApiClient, DemoError, wait_for
 from webapp.demo.processes import ProcessGroup
 from webapp.devices import services as device_services
-from webapp.runs.models import Run
+from webapp.runs.models import MOMENTUM_MAX, Run
 from webapp.runs.selectors import run_summary
 
 FINAL_STATES = (Run.State.FINISHED, Run.State.FAILED, Run.State.CANCELLED)
@@ -405,8 +405,8 @@ def run_demo(options: DemoOptions, *, say: Callable[[str], None] = print
         raise DemoError("--slow-agent: say when with --slow-agent-at SECONDS")
     if not 1 <= o.slow_to <= 1000:
         raise DemoError(f"--slow-to must be from 1 to 1000, got {o.slow_to:g}")
-    if o.momentum is not None and not 0 <= o.momentum < 1:
-        raise DemoError(f"--momentum must be from 0 to below 1, got {o.momentum:g}")
+    if o.momentum is not None and not 0 <= o.momentum <= MOMENTUM_MAX:
+        raise DemoError(f"--momentum must be from 0 to {MOMENTUM_MAX}, got {o.momentum:g}")
     with LocalTestbed(agents=o.agents, host=o.host, port=o.port, say=say) as testbed:
         say(f"EdgePipe demo on {testbed.url}/ (log in as {testbed.username} / "
             f"{testbed.password})")

@@ -11,6 +11,8 @@ from orchestrator.formats import SCHEDULES
 from webapp.devices.models import Device, ModelSpec
 from webapp.runs.states import RunState
 
+MOMENTUM_MAX = 0.999  # a run's SGD momentum is from 0 to this (at 1 the buffers never decay)
+
 
 class Run(models.Model):
     """Training a model spec on an ordered set of devices: planned with one or several

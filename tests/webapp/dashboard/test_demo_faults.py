@@ -129,8 +129,8 @@ def test_the_kill_flags_help_says_which_agent_by_default():
 
 
 @pytest.mark.parametrize(("changes", "message"), [
-    ({"momentum": 1.0}, "--momentum must be from 0 to below 1, got 1"),
-    ({"momentum": -0.1}, "--momentum must be from 0 to below 1, got -0.1"),
+    ({"momentum": 1.0}, "--momentum must be from 0 to 0.999, got 1"),
+    ({"momentum": -0.1}, "--momentum must be from 0 to 0.999, got -0.1"),
     ({"slow_to": 0.5}, "--slow-to must be from 1 to 1000, got 0.5"),
     ({"kill_agents": ("demo-fast",)}, "--kill-agent: say when with --kill-agent-at SECONDS"),
 ])

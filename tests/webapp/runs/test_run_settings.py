@@ -69,7 +69,7 @@ def test_a_bad_setting_is_a_400_naming_it(api, field, value, reason):
 @pytest.mark.parametrize(("field", "value"), [
     ("chain_every", -2), ("global_every", True), ("repartition_after", 0),
     ("repartition_every", 1.0), ("lr", 0.0), ("lr", float("inf")), ("lr", True),
-    ("momentum", 1.0), ("momentum", float("nan")), ("momentum", "0.9")])
+    ("momentum", 1.0), ("momentum", 0.9995), ("momentum", float("nan")), ("momentum", "0.9")])
 def test_run_create_checks_the_settings_itself(field, value):
     """The run form and the benches call the service without the API's validation."""
     with pytest.raises(InvalidInput) as caught:

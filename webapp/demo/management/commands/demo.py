@@ -68,7 +68,7 @@ class Command(BaseCommand):
         parser.add_argument("--slow-to", type=float, default=20.0, metavar="X",
                             help="how many times slower than this machine (default 20)")
         parser.add_argument("--momentum", type=float, default=None, metavar="M",
-                            help="SGD momentum of the run, from 0 to below 1 (default 0); its "
+                            help="SGD momentum of the run, from 0 to 0.999 (default 0); its "
                                  "buffers are replicated and restored with the weights")
 
     def handle(self, *args: Any, **options: Any) -> None:
