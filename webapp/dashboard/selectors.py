@@ -158,9 +158,15 @@ def run_progress(runs: Iterable[Run]) -> dict[int, Progress]:
     return out
 
 
+# the new-run form's number fields, shown at the run's own defaults until the user types
+RUN_FORM_NUMBERS = ("microbatches", "batches", "lr", "momentum", "chain_every", "global_every",
+                    "repartition_after", "repartition_every")
+
+
 def new_run_choices() -> dict[str, Any]:
     """What the new-run form offers: model specs (with how many devices profiled each),
-    devices that can train (not retired; with the model specs they profiled), planners."""
+    devices that can train (not retired; with the model specs they profiled), planners, and
+    the run's defaults of its number fields."""
     specs = list(model_spec_list().annotate(profiled=Count("profiles")))
     devices = list(device_list().exclude(status=Device.Status.RETIRED)
                    .prefetch_related("profiles"))
@@ -171,6 +177,7 @@ def new_run_choices() -> dict[str, Any]:
         "planners": [{"name": name, "description": DESCRIPTIONS.get(name, ""),
                       "quick": name in QUICK_PLANNERS} for name in PLANNERS],
         "default_planners": list(QUICK_PLANNERS),
+        "defaults": {name: Run._meta.get_field(name).default for name in RUN_FORM_NUMBERS},
     }
 
 

@@ -57,22 +57,13 @@ def _validated(serializer_class: type[serializers.Serializer], data: dict[str, A
     return dict(serializer.validated_data)
 
 
-def _number(raw: str) -> int | str:
-    """A form's number as the JSON API would get it: an integer, or the text as typed (which
-    the API's serializer then refuses, saying what it must be)."""
+def _number(raw: str, kind: type[int] | type[float] = int) -> int | float | str:
+    """A form's number as the JSON API would get it: an integer (or with ``kind=float`` a
+    decimal number), or the text as typed (which the API's serializer then refuses, saying
+    what it must be)."""
     text = raw.strip()
     try:
-        return int(text)
-    except ValueError:
-        return text
-
-
-def _decimal(raw: str) -> float | str:
-    """A form's decimal number (a learning rate) as the JSON API would get it, as
-    :func:`_number` does for integers."""
-    text = raw.strip()
-    try:
-        return float(text)
+        return kind(text)
     except ValueError:
         return text
 
@@ -94,7 +85,7 @@ def run_form_data(form: QueryDict) -> dict[str, Any]:
             data[name] = _number(form[name])
     for name in ("lr", "momentum"):
         if name in form:
-            data[name] = _decimal(form[name])
+            data[name] = _number(form[name], float)
     if _present(form, "model_spec"):
         data["model_spec"] = _number(form["model_spec"])
     for name in ("schedule", "recovery_policy"):

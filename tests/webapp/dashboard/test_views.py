@@ -177,6 +177,21 @@ def test_the_form_sets_the_fault_tolerance_settings(browser: Client, profiled):
             run.recovery_policy) == (1, 0, 3, 0, "respipe")
 
 
+def test_the_form_starts_at_the_runs_own_defaults(browser: Client, profiled):
+    spec, devices = profiled
+    page = browser.get("/runs/new/").content.decode()
+    shown = dict(re.findall(r'name="(\w+)" value="([^"]*)"', page))
+    numbers = ("microbatches", "batches", "lr", "momentum", "chain_every", "global_every",
+               "repartition_after", "repartition_every")
+    defaults = {name: Run._meta.get_field(name).default for name in numbers}
+    assert {name: float(shown[name]) for name in numbers} == defaults
+    # submitted as shown, the form makes a run with exactly those settings
+    assert browser.post("/runs/new/", run_form(spec, devices, **{
+        name: shown[name] for name in numbers})).status_code == 302
+    run = Run.objects.get()
+    assert {name: getattr(run, name) for name in numbers} == defaults
+
+
 @pytest.mark.parametrize(("changes", "field", "reason"), [
     ({"name": ""}, "name", "This field may not be blank."),
     ({"model_spec": ""}, "model_spec", "This field is required."),
