@@ -28,7 +28,7 @@ from webapp.common.exceptions import InvalidInput
 from webapp.devices.apis import AgentApi
 from webapp.devices.selectors import device_list, model_spec_list
 from webapp.runs import replicas, selectors, services
-from webapp.runs.models import MOMENTUM_MAX, MetricPoint, Run
+from webapp.runs.models import LR_MAX, MOMENTUM_MAX, MetricPoint, Run
 from webapp.runs.serializers import PlanDetailOutput, RunOutput
 
 MAX_EVENTS = 20000
@@ -72,7 +72,7 @@ class RunListCreateApi(APIView):
             choices=["replan", "respipe"], required=False, default="replan",
             help_text="after a failure: replan (re-plan the survivors with the run's planner) "
                       "or respipe (the baseline: the failed stage's successor takes its layers)")
-        lr = fields.FloatField(min_value=1e-9, max_value=100.0, required=False, default=0.1,
+        lr = fields.FloatField(min_value=1e-9, max_value=LR_MAX, required=False, default=0.1,
                                help_text="SGD learning rate of every stage")
         momentum = fields.FloatField(
             min_value=0.0, max_value=MOMENTUM_MAX, required=False, default=0.0,

@@ -11,6 +11,7 @@ from orchestrator.formats import SCHEDULES
 from webapp.devices.models import Device, ModelSpec
 from webapp.runs.states import RunState
 
+LR_MAX = 100.0  # a run's SGD learning rate is above 0 and at most this
 MOMENTUM_MAX = 0.999  # a run's SGD momentum is from 0 to this (at 1 the buffers never decay)
 
 

@@ -31,6 +31,7 @@ from webapp.devices.models import Device, LayerProfile, ModelSpec
 from webapp.devices.selectors import planning_costs
 from webapp.runs import events, selectors
 from webapp.runs.models import (
+    LR_MAX,
     MOMENTUM_MAX,
     FaultEvent,
     Generation,
@@ -92,8 +93,8 @@ def run_create(*, name: str, model_spec: ModelSpec, devices: Sequence[Device],
             raise InvalidInput(field, f"must be an integer of at least {least} (batches)")
     if recovery_policy not in ("replan", "respipe"):
         raise InvalidInput("recovery_policy", "must be replan or respipe")
-    if not _number(lr) or not 0 < lr <= 100:
-        raise InvalidInput("lr", "must be a number above 0 and at most 100")
+    if not _number(lr) or not 0 < lr <= LR_MAX:
+        raise InvalidInput("lr", f"must be a number above 0 and at most {LR_MAX:g}")
     if not _number(momentum) or not 0 <= momentum <= MOMENTUM_MAX:
         raise InvalidInput("momentum", f"must be a number from 0 to {MOMENTUM_MAX}")
     run = Run.objects.create(name=name, model_spec=model_spec,
