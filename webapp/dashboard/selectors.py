@@ -26,7 +26,7 @@ from webapp.devices.selectors import (
     layer_profile_list,
     model_spec_list,
 )
-from webapp.runs.models import FaultEvent, MetricPoint, Plan, Run
+from webapp.runs.models import RUN_DEFAULTS, FaultEvent, MetricPoint, Plan, Run
 from webapp.runs.models import TimelineEvent as TimelineRow
 from webapp.runs.selectors import plan_best, run_list, run_planning_inputs, run_summary
 from webapp.runs.states import ACTIVE, RunState
@@ -177,7 +177,7 @@ def new_run_choices() -> dict[str, Any]:
         "planners": [{"name": name, "description": DESCRIPTIONS.get(name, ""),
                       "quick": name in QUICK_PLANNERS} for name in PLANNERS],
         "default_planners": list(QUICK_PLANNERS),
-        "defaults": {name: Run._meta.get_field(name).default for name in RUN_FORM_NUMBERS},
+        "defaults": {name: RUN_DEFAULTS[name] for name in RUN_FORM_NUMBERS},
     }
 
 

@@ -28,7 +28,14 @@ from webapp.common.exceptions import InvalidInput
 from webapp.devices.apis import AgentApi
 from webapp.devices.selectors import device_list, model_spec_list
 from webapp.runs import replicas, selectors, services
-from webapp.runs.models import LR_MAX, MOMENTUM_MAX, MetricPoint, Run
+from webapp.runs.models import (
+    LR_MAX,
+    MOMENTUM_MAX,
+    RECOVERY_POLICIES,
+    RUN_DEFAULTS,
+    MetricPoint,
+    Run,
+)
 from webapp.runs.serializers import PlanDetailOutput, RunOutput
 
 MAX_EVENTS = 20000
@@ -50,32 +57,39 @@ class RunListCreateApi(APIView):
             allow_empty=False, max_length=64)
         algorithms = serializers.ListField(child=fields.CharField(max_length=32),
                                            allow_empty=False, max_length=16)
-        schedule = serializers.ChoiceField(choices=SCHEDULES, required=False, default="1f1b")
+        schedule = serializers.ChoiceField(choices=SCHEDULES, required=False,
+                                       default=RUN_DEFAULTS["schedule"])
         microbatches = fields.IntegerField(min_value=1, max_value=1024, required=False,
-                                           default=8)
-        batches = fields.IntegerField(min_value=1, max_value=10**9, required=False, default=100)
-        epochs = fields.IntegerField(min_value=1, max_value=10**6, required=False, default=1)
+                                           default=RUN_DEFAULTS["microbatches"])
+        batches = fields.IntegerField(min_value=1, max_value=10**9, required=False,
+                                      default=RUN_DEFAULTS["batches"])
+        epochs = fields.IntegerField(min_value=1, max_value=10**6, required=False,
+                                     default=RUN_DEFAULTS["epochs"])
         chain_every = fields.IntegerField(
-            min_value=0, max_value=10**9, required=False, default=2,
+            min_value=0, max_value=10**9, required=False, default=RUN_DEFAULTS["chain_every"],
             help_text="batches between chain replicas (each stage's weights to the next "
                       "stage's device); 0 = off")
         global_every = fields.IntegerField(
-            min_value=0, max_value=10**9, required=False, default=10,
+            min_value=0, max_value=10**9, required=False, default=RUN_DEFAULTS["global_every"],
             help_text="batches between replicas uploaded to the server; 0 = off")
         repartition_after = fields.IntegerField(
-            min_value=1, max_value=10**9, required=False, default=10,
+            min_value=1, max_value=10**9, required=False,
+            default=RUN_DEFAULTS["repartition_after"],
             help_text="batches before the first dynamic re-partition check")
         repartition_every = fields.IntegerField(
-            min_value=0, max_value=10**9, required=False, default=100,
+            min_value=0, max_value=10**9, required=False,
+            default=RUN_DEFAULTS["repartition_every"],
             help_text="batches between dynamic re-partition checks; 0 = off")
         recovery_policy = serializers.ChoiceField(
-            choices=["replan", "respipe"], required=False, default="replan",
+            choices=RECOVERY_POLICIES, required=False, default=RUN_DEFAULTS["recovery_policy"],
             help_text="after a failure: replan (re-plan the survivors with the run's planner) "
                       "or respipe (the baseline: the failed stage's successor takes its layers)")
-        lr = fields.FloatField(min_value=1e-9, max_value=LR_MAX, required=False, default=0.1,
+        lr = fields.FloatField(min_value=1e-9, max_value=LR_MAX, required=False,
+                               default=RUN_DEFAULTS["lr"],
                                help_text="SGD learning rate of every stage")
         momentum = fields.FloatField(
-            min_value=0.0, max_value=MOMENTUM_MAX, required=False, default=0.0,
+            min_value=0.0, max_value=MOMENTUM_MAX, required=False,
+            default=RUN_DEFAULTS["momentum"],
             help_text="SGD momentum; its buffers are replicated and restored with the weights")
 
     @extend_schema(parameters=[RunFilter], responses=RunOutput(many=True))

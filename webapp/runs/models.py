@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
@@ -13,6 +15,7 @@ from webapp.runs.states import RunState
 
 LR_MAX = 100.0  # a run's SGD learning rate is above 0 and at most this
 MOMENTUM_MAX = 0.999  # a run's SGD momentum is from 0 to this (at 1 the buffers never decay)
+RECOVERY_POLICIES = ("replan", "respipe")  # what a run does after a failure (recovery_policy)
 
 
 class Run(models.Model):
@@ -55,7 +58,7 @@ class Run(models.Model):
         default=100, help_text="batches between dynamic re-partition checks; "
                                "0 = dynamic re-partition off")
     recovery_policy = models.CharField(
-        max_length=16, choices=[("replan", "replan"), ("respipe", "respipe")], default="replan",
+        max_length=16, choices=[(p, p) for p in RECOVERY_POLICIES], default="replan",
         help_text="after a failure: replan (FTPipeHD: re-plan the survivors with the run's "
                   "planner) or respipe (the baseline: the failed stage's successor takes its "
                   "layers)")
@@ -76,6 +79,15 @@ class Run(models.Model):
     def total_microbatches(self) -> int:
         """Micro-batches the run trains in all (every stage's schedule runs this many)."""
         return self.microbatches * self.batches * self.epochs
+
+
+# a run's settings with a default: the one place the REST API, the run service and the run
+# form take them from
+RUN_DEFAULTS: dict[str, Any] = {
+    name: Run._meta.get_field(name).default
+    for name in ("schedule", "microbatches", "batches", "epochs", "lr", "momentum",
+                 "chain_every", "global_every", "repartition_after", "repartition_every",
+                 "recovery_policy")}
 
 
 class RunDevice(models.Model):

@@ -33,6 +33,8 @@ from webapp.runs import events, selectors
 from webapp.runs.models import (
     LR_MAX,
     MOMENTUM_MAX,
+    RECOVERY_POLICIES,
+    RUN_DEFAULTS,
     FaultEvent,
     Generation,
     MetricPoint,
@@ -65,16 +67,21 @@ def _check_algorithms(algorithms: Sequence[str], field: str = "algorithms") -> l
 
 @transaction.atomic
 def run_create(*, name: str, model_spec: ModelSpec, devices: Sequence[Device],
-               algorithms: Sequence[str], schedule: str = "1f1b", microbatches: int = 8,
-               batches: int = 100, epochs: int = 1, chain_every: int = 2,
-               global_every: int = 10, repartition_after: int = 10,
-               repartition_every: int = 100, recovery_policy: str = "replan",
-               lr: float = 0.1, momentum: float = 0.0,
+               algorithms: Sequence[str], schedule: str = RUN_DEFAULTS["schedule"],
+               microbatches: int = RUN_DEFAULTS["microbatches"],
+               batches: int = RUN_DEFAULTS["batches"], epochs: int = RUN_DEFAULTS["epochs"],
+               chain_every: int = RUN_DEFAULTS["chain_every"],
+               global_every: int = RUN_DEFAULTS["global_every"],
+               repartition_after: int = RUN_DEFAULTS["repartition_after"],
+               repartition_every: int = RUN_DEFAULTS["repartition_every"],
+               recovery_policy: str = RUN_DEFAULTS["recovery_policy"],
+               lr: float = RUN_DEFAULTS["lr"], momentum: float = RUN_DEFAULTS["momentum"],
                created_by: AbstractBaseUser | None = None) -> Run:
-    """A draft run of ``model_spec`` on ``devices`` (in pipeline order). ``chain_every``,
-    ``global_every`` (replication) and ``repartition_every`` count batches, 0 turning each
-    off; ``repartition_after``, ``lr`` and ``momentum`` (every stage's SGD) are checked here
-    too since services are called without the API's validation (the run form, benches)."""
+    """A draft run of ``model_spec`` on ``devices`` (in pipeline order); what is left out
+    takes the Run model's default (RUN_DEFAULTS). ``chain_every``, ``global_every``
+    (replication) and ``repartition_every`` count batches, 0 turning each off;
+    ``repartition_after``, ``lr`` and ``momentum`` (every stage's SGD) are checked here too
+    since services are called without the API's validation (the run form, benches)."""
     if not devices:
         raise InvalidInput("devices", "must name at least one device")
     for i, device in enumerate(devices):
@@ -91,8 +98,8 @@ def run_create(*, name: str, model_spec: ModelSpec, devices: Sequence[Device],
         least = 1 if field == "repartition_after" else 0
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise InvalidInput(field, f"must be an integer of at least {least} (batches)")
-    if recovery_policy not in ("replan", "respipe"):
-        raise InvalidInput("recovery_policy", "must be replan or respipe")
+    if recovery_policy not in RECOVERY_POLICIES:
+        raise InvalidInput("recovery_policy", f"must be {' or '.join(RECOVERY_POLICIES)}")
     if not _number(lr) or not 0 < lr <= LR_MAX:
         raise InvalidInput("lr", f"must be a number above 0 and at most {LR_MAX:g}")
     if not _number(momentum) or not 0 <= momentum <= MOMENTUM_MAX:

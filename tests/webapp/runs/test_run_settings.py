@@ -4,12 +4,15 @@ with the run's generation."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
 from tests.webapp.factories import DeviceFactory, ModelSpecFactory
 from webapp.common.exceptions import InvalidInput
 from webapp.runs import services
-from webapp.runs.models import Run
+from webapp.runs.apis import RunListCreateApi
+from webapp.runs.models import RUN_DEFAULTS, Run
 
 pytestmark = pytest.mark.django_db
 
@@ -30,6 +33,20 @@ def test_a_run_takes_the_documented_defaults(api):
         "chain_every": 2, "global_every": 10, "repartition_after": 10,
         "repartition_every": 100, "generation": 0}
     assert (run["lr"], run["momentum"]) == (0.1, 0.0)
+
+
+def test_rest_and_the_service_default_to_the_run_model_s_defaults():
+    """One source for a run's defaults: the model's fields. REST's input serializer and
+    run_create's keywords take theirs from RUN_DEFAULTS; neither restates a literal."""
+    model = {name: Run._meta.get_field(name).default for name in RUN_DEFAULTS}
+    assert RUN_DEFAULTS == model
+    rest = RunListCreateApi.RunCreateInput().fields
+    assert {name: rest[name].default for name in RUN_DEFAULTS} == model
+    keywords = inspect.signature(services.run_create).parameters
+    assert {name: keywords[name].default for name in RUN_DEFAULTS} == model
+    run = services.run_create(name="r", model_spec=ModelSpecFactory(),
+                              devices=[DeviceFactory()], algorithms=["ftpipehd"])
+    assert {name: getattr(run, name) for name in RUN_DEFAULTS} == model
 
 
 def test_a_run_trains_with_the_sgd_it_was_created_with(api):
