@@ -370,6 +370,10 @@ def fault_run(testbed: Any, spec: int, *, model: str, scenario: str, policy: str
         "before_over_predicted": (before / row["throughput_sps"]
                                   if before and row["throughput_sps"] else None),
         "planner_after": last["planner"] if last else None,
+        # each device's capacity over its profile as the (last) recovery planned with it
+        # (FTPipeHD's estimate from the stage times measured before the kill; > 1: faster)
+        "capacities": {names.get(u, u): round(float(r), 3)
+                       for u, r in ((run.recovery or {}).get("capacity") or {}).items()},
         "stages_after": plan_after,
         "resume_microbatch": last["resume_microbatch"] if last else None,
         "loadavg_1min_at_start": round(load, 2),
