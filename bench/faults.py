@@ -33,11 +33,11 @@ from detection to training resumed (the ``recovered`` event's); the steady sampl
 the last stage before the kill and after the resumption (the first WARMUP_S after it left
 out); the throughput the ``optimal`` planner predicts for the survivors on their profiles, and
 the measured after over it (the acceptance asks for at least 0.9, and a recovery of at most
-3 s; FTPipeHD reports 2.24 s); the plan after the recovery, the micro-batches trained again
-and the weights' bytes moved. Every agent is restarted (same enrolment) before the next run
-(restart_agents says why the survivors too). Prints a table and, last, one JSON line. Runs on
-the embedded default, in a fresh var directory whose path it prints (the processes' logs are
-in its demo/logs/).
+3 s; FTPipeHD reports 2.24 s); the plan after the recovery, the capacities it was planned
+with, the micro-batches trained again and the weights' bytes moved. Every agent is restarted
+(same enrolment) before the next run (restart_agents says why the survivors too). Prints a
+table and, last, one JSON line. Runs on the embedded default, in a fresh var directory whose
+path it prints (the processes' logs are in its demo/logs/).
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ def test_rest_and_the_service_default_to_the_run_model_s_defaults():
     """One source for a run's defaults: the model's fields. REST's input serializer and
     run_create's keywords take theirs from RUN_DEFAULTS; neither restates a literal."""
     model = {name: Run._meta.get_field(name).default for name in RUN_DEFAULTS}
-    assert RUN_DEFAULTS == model
+    assert model == RUN_DEFAULTS
     rest = RunListCreateApi.RunCreateInput().fields
     assert {name: rest[name].default for name in RUN_DEFAULTS} == model
     keywords = inspect.signature(services.run_create).parameters
