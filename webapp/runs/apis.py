@@ -58,7 +58,7 @@ class RunListCreateApi(APIView):
         algorithms = serializers.ListField(child=fields.CharField(max_length=32),
                                            allow_empty=False, max_length=16)
         schedule = serializers.ChoiceField(choices=SCHEDULES, required=False,
-                                       default=RUN_DEFAULTS["schedule"])
+                                           default=RUN_DEFAULTS["schedule"])
         microbatches = fields.IntegerField(min_value=1, max_value=1024, required=False,
                                            default=RUN_DEFAULTS["microbatches"])
         batches = fields.IntegerField(min_value=1, max_value=10**9, required=False,
