@@ -100,9 +100,9 @@ def run_create(*, name: str, model_spec: ModelSpec, devices: Sequence[Device],
             raise InvalidInput(field, f"must be an integer of at least {least} (batches)")
     if recovery_policy not in RECOVERY_POLICIES:
         raise InvalidInput("recovery_policy", f"must be {' or '.join(RECOVERY_POLICIES)}")
-    if not _number(lr) or not 0 < lr <= LR_MAX:
+    if not _finite_number(lr) or not 0 < lr <= LR_MAX:
         raise InvalidInput("lr", f"must be a number above 0 and at most {LR_MAX:g}")
-    if not _number(momentum) or not 0 <= momentum <= MOMENTUM_MAX:
+    if not _finite_number(momentum) or not 0 <= momentum <= MOMENTUM_MAX:
         raise InvalidInput("momentum", f"must be a number from 0 to {MOMENTUM_MAX}")
     run = Run.objects.create(name=name, model_spec=model_spec,
                              algorithms=_check_algorithms(algorithms), schedule=schedule,
@@ -115,7 +115,9 @@ def run_create(*, name: str, model_spec: ModelSpec, devices: Sequence[Device],
     return run
 
 
-def _number(value: object) -> bool:
+def _finite_number(value: object) -> bool:
+    """Is ``value`` an int or a float (not a bool), and finite? (The run form's parser of
+    typed numbers is webapp.dashboard.services._number.)"""
     return (isinstance(value, int | float) and not isinstance(value, bool)
             and math.isfinite(value))
 

@@ -17,7 +17,7 @@ from tests.webapp.factories import (
     RunFactory,
 )
 from webapp.devices.models import Device, EnrollmentToken
-from webapp.runs.models import Plan, Run
+from webapp.runs.models import MOMENTUM_MAX, Plan, Run
 
 pytestmark = pytest.mark.django_db
 
@@ -177,6 +177,14 @@ def test_the_form_sets_the_fault_tolerance_settings(browser: Client, profiled):
             run.recovery_policy) == (1, 0, 3, 0, "respipe")
 
 
+def test_a_refused_form_keeps_the_recovery_policy_chosen(browser: Client, profiled):
+    spec, devices = profiled
+    page = browser.post("/runs/new/", run_form(spec, devices, recovery_policy="respipe",
+                                               batches="0")).content.decode()
+    assert "Ensure this value is greater than or equal to 1." in page
+    assert re.findall(r'name="recovery_policy" value="(\w+)" checked', page) == ["respipe"]
+
+
 def test_the_form_starts_at_the_runs_own_defaults(browser: Client, profiled):
     spec, devices = profiled
     page = browser.get("/runs/new/").content.decode()
@@ -185,6 +193,9 @@ def test_the_form_starts_at_the_runs_own_defaults(browser: Client, profiled):
                "repartition_after", "repartition_every")
     defaults = {name: Run._meta.get_field(name).default for name in numbers}
     assert {name: float(shown[name]) for name in numbers} == defaults
+    checked = re.findall(r'name="recovery_policy" value="(\w+)" checked', page)
+    assert checked == [Run._meta.get_field("recovery_policy").default]
+    assert f"0 to {MOMENTUM_MAX}." in page  # the momentum's limit, as the API enforces it
     # submitted as shown, the form makes a run with exactly those settings
     assert browser.post("/runs/new/", run_form(spec, devices, **{
         name: shown[name] for name in numbers})).status_code == 302
