@@ -1,0 +1,50 @@
+"""bench/faults.py's CPU sampler: the cores each of the testbed's processes used, and the time
+its threads waited for one, read for a window of a run after the run (and its threads) ended."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+from bench.faults import CpuSampler, agents_waiting
+
+BUSY_FOR_ONE_SECOND = """
+import threading, time
+def spin():
+    end = time.time() + 1.0
+    while time.time() < end:
+        pass
+thread = threading.Thread(target=spin)
+thread.start()
+thread.join()
+time.sleep(60)
+"""
+
+
+def test_the_sampler_counts_a_thread_that_exited_before_its_window_is_read() -> None:
+    # Prepare: an "agent" whose one busy thread spins for a second and ends, and an idle "web"
+    children = {name: SimpleNamespace(process=subprocess.Popen([sys.executable, "-c", code]))
+                for name, code in (("agent-busy", BUSY_FOR_ONE_SECOND),
+                                   ("web", "import time; time.sleep(60)"))}
+    testbed = SimpleNamespace(processes=SimpleNamespace(children=children))
+    try:
+        # Execute: sample for 2.5 s, read the window afterwards
+        with CpuSampler(testbed) as sampler:
+            start = time.time()
+            time.sleep(2.5)
+            end = time.time()
+        window = sampler.window(start, end)
+    finally:
+        for child in children.values():
+            child.process.kill()
+            child.process.wait()
+
+    # Assert: the spinning second is there although its thread was gone before the window ended
+    # (a read at the end alone would have lost it); agents are named without their prefix
+    assert set(window) == {"busy", "web"}
+    assert window["busy"]["cores"] > 0.12, window  # >= 0.3 s of CPU over about 2.5 s
+    assert window["web"]["cores"] < window["busy"]["cores"] / 4, window
+    assert agents_waiting(window) == window["busy"]["waiting"]
+    assert sampler.window(end + 10, end + 20) == {}
