@@ -113,10 +113,7 @@ class CostModel:
 
     def compute_s(self, a: int, e: int, group: Sequence[int]) -> float:
         """C: the replicas of a stage share its micro-batches in proportion to their speed."""
-        times = [self.device_s(d, a, e) for d in group]
-        if any(t <= 0 for t in times):
-            return 0.0
-        return 1.0 / sum(1.0 / t for t in times)
+        return _shared_compute_s([self.device_s(d, a, e) for d in group])
 
     def params_bytes(self, a: int, e: int) -> float:
         return float(self.param_prefix[e + 1] - self.param_prefix[a])
@@ -277,15 +274,32 @@ def stage_figures(cm: CostModel, stage: Stage, *,
     if beta is None:
         compute = cm.compute_s(a, e, group)
     else:
-        names, rf, rb = cm.resource_rates(a, e, group)
-        fractions = []
-        for dev_id, kind in names:
-            if dev_id not in beta or kind not in beta[dev_id]:
-                raise PlanningError(f"beta has no fraction for resource {kind!r} of device "
-                                    f"{dev_id!r}")
-            fractions.append(beta[dev_id][kind])
-        compute = beta_compute_s(rf, rb, fractions)
+        compute = _shared_compute_s([device_beta_s(cm, d, a, e, beta) for d in group])
     return StageFigures(compute_s=compute, sync_s=cm.sync_s(a, e, group))
+
+
+def device_beta_s(cm: CostModel, d: int, a: int, e: int,
+                  beta: Mapping[str, Mapping[str, float]]) -> float:
+    """t_d of layers a..e on device d: with its beta split (its forward and backward passes at
+    once, Duan-Wu) when ``beta`` has one for it, else its passes one after the other."""
+    dev_id = cm.devices.ids[d]
+    if dev_id not in beta:
+        return cm.device_s(d, a, e)
+    names, rf, rb = cm.resource_rates(a, e, [d])
+    fractions = []
+    for _, kind in names:
+        if kind not in beta[dev_id]:
+            raise PlanningError(f"beta has no fraction for resource {kind!r} of device "
+                                f"{dev_id!r}")
+        fractions.append(beta[dev_id][kind])
+    return beta_compute_s(rf, rb, fractions)
+
+
+def _shared_compute_s(times: Sequence[float]) -> float:
+    """C of replicas that take ``times`` each: they share micro-batches by speed."""
+    if any(t <= 0 for t in times):
+        return 0.0
+    return 1.0 / sum(1.0 / t for t in times)
 
 
 def evaluate(cm: CostModel, stages: Sequence[Stage], *,
@@ -331,7 +345,8 @@ def evaluate(cm: CostModel, stages: Sequence[Stage], *,
     )
 
 
-def needed_inflight(prediction: Prediction) -> tuple[int, ...]:
+def needed_inflight(prediction: Prediction, *,
+                    cycle_s: Sequence[float] | None = None) -> tuple[int, ...]:
     """The micro-batches each stage must keep in flight under 1F1B to sustain the period.
 
     In 1F1B stage k alternates B(i) and F(i + D_k), which closes a dependency cycle through
@@ -355,29 +370,38 @@ def needed_inflight(prediction: Prediction) -> tuple[int, ...]:
     in flight with 0.5 and trained at 0.74-0.91 of the prediction, every stage waiting 0.4-0.6
     ms a micro-batch; with 1.0 they keep 7, 4 and 1.)
     """
-    times, links, period = prediction.stage_s, prediction.boundary_s, prediction.period_s
-    num_stages = len(times)
-    depths = [1] * num_stages
-    for k in range(num_stages - 2, -1, -1):
-        need = depths[k + 1] + 1
-        cycle = times[k]
-        slack = 0.0
-        for j in range(k + 1, num_stages):
-            cycle += times[j] + links[j - 1]
-            if links[j - 1] > 0:
-                slack = LINK_SLACK
-            need = max(need, depths[j] - 1 + math.ceil(cycle / period * (1 - 1e-12) + slack))
-        depths[k] = need
+    times = list(prediction.stage_s if cycle_s is None else cycle_s)
+    depths = [1] * len(times)
+    for k in range(len(times) - 1, -1, -1):
+        depths[k] = _depth_at(k, times[k], depths, times, prediction)
     return tuple(depths)
 
 
-def choose_inflight(cm: CostModel, stages: Sequence[Stage], prediction: Prediction
-                    ) -> tuple[int, ...]:
+def _depth_at(k: int, own_s: float, depths: Sequence[int], times: Sequence[float],
+              prediction: Prediction) -> int:
+    """:func:`needed_inflight`'s D_k for a stage k that takes ``own_s`` a micro-batch, given
+    the depths and times of the stages after it."""
+    links, period = prediction.boundary_s, prediction.period_s
+    need = 1 if k == len(times) - 1 else depths[k + 1] + 1
+    cycle, slack = own_s, 0.0
+    for j in range(k + 1, len(times)):
+        cycle += times[j] + links[j - 1]
+        if links[j - 1] > 0:
+            slack = LINK_SLACK
+        need = max(need, depths[j] - 1 + math.ceil(cycle / period * (1 - 1e-12) + slack))
+    return need
+
+
+def choose_inflight(cm: CostModel, stages: Sequence[Stage], prediction: Prediction, *,
+                    beta: Mapping[str, Mapping[str, float]] | None = None) -> tuple[int, ...]:
     """:func:`needed_inflight`, as far as each stage's devices have memory for the deeper stash
     ((D_k)(P + A) + 2P), and never below S - k. A capped stage lowers the depths after it so
-    that they still fall by at least one per stage, or the pipeline would serialise."""
+    that they still fall by at least one per stage, or the pipeline would serialise.
+
+    A micro-batch crosses one replica of a stage, so the cycles take each stage's slowest
+    replica's time (its passes one after the other, at its beta shares where it splits)."""
     num_stages = len(stages)
-    wanted = needed_inflight(prediction)
+    wanted = needed_inflight(prediction, cycle_s=_cycle_s(cm, stages, beta))
     depths = []
     for k, stage in enumerate(stages):
         a, e = stage.layers
@@ -389,6 +413,89 @@ def choose_inflight(cm: CostModel, stages: Sequence[Stage], prediction: Predicti
     for k in range(1, num_stages):
         depths[k] = max(num_stages - k, min(depths[k], depths[k - 1] - 1))
     return tuple(depths)
+
+
+def replica_inflight(cm: CostModel, stages: Sequence[Stage], prediction: Prediction,
+                     inflight: Sequence[int], *,
+                     beta: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, int]:
+    """For each device of a replicated stage, the span of micro-batches it keeps in flight
+    under 1F1B (:mod:`orchestrator.schedule`): :func:`needed_inflight`'s D_k with the stage's
+    time taken as this replica's own (the stage's depth covers its slowest replica), at most
+    the stage's depth, and at least one more than the next stage's depth (which that stage
+    needs forwarded to return a gradient). A faster replica keeps fewer: each of its
+    micro-batches then comes out sooner, and the other replicas' forwards wait for its
+    update."""
+    cycle_s = _cycle_s(cm, stages, beta)
+    out: dict[str, int] = {}
+    for k, stage in enumerate(stages):
+        if len(stage.devices) == 1:
+            continue
+        for dev in stage.devices:
+            own = _micro_batch_s(cm, cm.index(dev), stage.first, stage.last, beta)
+            out[dev] = min(inflight[k], _depth_at(k, own, inflight, cycle_s, prediction))
+    return out
+
+
+def choose_lag(cm: CostModel, stages: Sequence[Stage], prediction: Prediction,
+               inflight: Sequence[int], *,
+               beta: Mapping[str, Mapping[str, float]] | None = None) -> tuple[int, ...] | None:
+    """For each stage, how many micro-batches behind its forwards' weights are under 1F1B:
+    a forward of m runs on the updates of micro-batches up to m - lag_k. A stage on one device
+    forwards on everything it has applied: its lag is its in-flight depth D_k. On a replicated
+    stage the update of m - lag_k may come from another replica: that micro-batch's backward
+    ends about max(D_k, t / P) periods after its forward (t its replica's time for it), then
+    its gradient crosses to the other replicas (Y, with LINK_SLACK), so
+
+        lag_k = max(D_k, ceil(t_max / P)) + ceil(Y / P + LINK_SLACK)
+
+    or the replicas wait for each other. Each replica holds the gradients of up to lag_k
+    updates it has not applied yet: capped by its memory. None when no stage is replicated."""
+    if all(len(stage.devices) == 1 for stage in stages):
+        return None
+    period = prediction.period_s
+    lags = []
+    for k, (stage, cycle) in enumerate(zip(stages, _cycle_s(cm, stages, beta), strict=True)):
+        group = [cm.index(d) for d in stage.devices]
+        if len(group) == 1:
+            lags.append(inflight[k])
+            continue
+        share = cm.sync_s(stage.first, stage.last, group)
+        wanted = (max(inflight[k], math.ceil(cycle / period * (1 - 1e-12)))
+                  + math.ceil(share / period * (1 - 1e-12) + LINK_SLACK))
+        params = cm.params_bytes(stage.first, stage.last)
+        room = (min(float(cm.memory_bytes[d]) for d in group) - (inflight[k] + 2) * params)
+        fits = int(room // params) if params > 0 else wanted
+        lags.append(max(inflight[k], min(wanted, fits)))
+    return tuple(lags)
+
+
+def _cycle_s(cm: CostModel, stages: Sequence[Stage],
+             beta: Mapping[str, Mapping[str, float]] | None) -> list[float]:
+    """Each stage's slowest replica's time for a micro-batch, forward then backward."""
+    return [max(_micro_batch_s(cm, cm.index(d), stage.first, stage.last, beta)
+                for d in stage.devices) for stage in stages]
+
+
+def _micro_batch_s(cm: CostModel, d: int, a: int, e: int,
+                   beta: Mapping[str, Mapping[str, float]] | None) -> float:
+    """How long one micro-batch takes through layers a..e on device d, forward then backward
+    (with a beta split, each pass at its share)."""
+    return sum(split_pass_s(cm, d, a, e, beta))
+
+
+def split_pass_s(cm: CostModel, d: int, a: int, e: int,
+                 beta: Mapping[str, Mapping[str, float]] | None) -> tuple[float, float]:
+    """Forward and backward time of layers a..e on device d: at full speed, one after the
+    other (:meth:`CostModel.pass_s`), or, for a device with a beta split, each on its share
+    of the device's resources while the other pass runs."""
+    dev_id = cm.devices.ids[d]
+    if beta is None or dev_id not in beta:
+        return cm.pass_s(d, a, e)
+    names, rf, rb = cm.resource_rates(a, e, [d])
+    share = [beta[dev_id][kind] for _, kind in names]
+    inf = math.inf
+    return (beta_compute_s(rf, [inf] * len(rb), share),
+            beta_compute_s([inf] * len(rf), rb, share))
 
 
 def evaluate_plan(cm: CostModel, plan: Plan) -> Prediction:

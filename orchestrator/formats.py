@@ -444,10 +444,24 @@ class Plan:
     planner_s: float = 0.0
     bound: Bound | None = None
     inflight: tuple[int, ...] | None = None
+    notes: tuple[str, ...] = ()
+    lag: tuple[int, ...] | None = None
+    replica_inflight: Mapping[str, int] | None = None
+
+    @property
+    def two_lanes(self) -> frozenset[str]:
+        """The devices that run forward and backward passes at once on two lanes: those with
+        a beta split (a planner leaves out a device whose split brings nothing)."""
+        return frozenset() if self.beta is None else frozenset(self.beta)
 
     def inflight_for(self, k: int) -> int:
         """Micro-batches stage k keeps in flight under 1F1B (default S - k)."""
         return len(self.stages) - k if self.inflight is None else self.inflight[k]
+
+    def lag_for(self, k: int) -> int:
+        """How far behind stage k's forwards' weights are under 1F1B (default its in-flight
+        depth; more on a replicated stage, :func:`orchestrator.cost.choose_lag`)."""
+        return self.inflight_for(k) if self.lag is None else self.lag[k]
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"algorithm": self.algorithm, "schedule": self.schedule,
@@ -455,6 +469,10 @@ class Plan:
                                "stages": [s.to_json() for s in self.stages]}
         if self.inflight is not None:
             out["inflight"] = list(self.inflight)
+        if self.lag is not None:
+            out["lag"] = list(self.lag)
+        if self.replica_inflight is not None:
+            out["replica_inflight"] = dict(self.replica_inflight)
         if self.beta is not None:
             out["beta"] = {d: dict(r) for d, r in self.beta.items()}
         if self.predicted is not None:
@@ -462,6 +480,8 @@ class Plan:
         out["planner_s"] = self.planner_s
         if self.bound is not None:
             out["bound"] = self.bound.to_json()
+        if self.notes:
+            out["notes"] = list(self.notes)
         return out
 
     @property
@@ -523,7 +543,7 @@ def parse_plan(raw: Any, *, profile: ModelProfile, devices: DeviceSet,
     at = At(file)
     obj = expect_object(raw, at, ("algorithm", "stages"),
                   ("schedule", "microbatches", "beta", "predicted", "planner_s", "bound",
-                   "inflight"))
+                   "inflight", "notes", "lag", "replica_inflight"))
     schedule = obj.get("schedule", "1f1b")
     if schedule not in SCHEDULES:
         raise at.key("schedule").fail(f"must be one of {', '.join(SCHEDULES)}", schedule)
@@ -560,19 +580,32 @@ def parse_plan(raw: Any, *, profile: ModelProfile, devices: DeviceSet,
             memory_need_bytes=MappingProxyType(
                 {str(k): int(v) for k, v in po.get("memory_need_bytes", {}).items()}),
         )
-    inflight = None
-    if obj.get("inflight") is not None:
-        ia = at.key("inflight")
-        depths = expect_list(obj["inflight"], ia)
-        if len(depths) != len(stages):
-            raise ia.fail(f"has {len(depths)} entries for {len(stages)} stages", depths)
-        inflight = tuple(expect_integer(x, ia.index(k), minimum=1) for k, x in enumerate(depths))
+    inflight = _depths(obj.get("inflight"), at.key("inflight"), len(stages))
+    lag = _depths(obj.get("lag"), at.key("lag"), len(stages))
+    if lag is not None and any(
+            g < (len(stages) - k if inflight is None else inflight[k]) for k, g in enumerate(lag)):
+        raise at.key("lag").fail("must be at least each stage's in-flight depth", list(lag))
+    replica_inflight = None
+    if obj.get("replica_inflight") is not None:
+        ra = at.key("replica_inflight")
+        raw_windows = obj["replica_inflight"]
+        if not isinstance(raw_windows, dict):
+            raise ra.fail("must map devices to depths", show_value=False)
+        replicated = {d for stage in stages if len(stage.devices) > 1 for d in stage.devices}
+        for dev in raw_windows:
+            if dev not in replicated:
+                raise ra.key(dev).fail("is not a device of a replicated stage", dev)
+        replica_inflight = MappingProxyType({
+            dev: expect_integer(x, ra.key(dev), minimum=1) for dev, x in raw_windows.items()})
     bound = None
     if obj.get("bound") is not None:
         bo = expect_object(obj["bound"], at.key("bound"), ("lower_bound_s", "exact"))
         bound = Bound(
             lower_bound_s=expect_number(bo["lower_bound_s"], at.key("bound.lower_bound_s")),
             exact=bool(bo["exact"]))
+    notes = tuple(expect_string(n, at.key("notes").index(i))
+                  for i, n in enumerate(expect_list(obj.get("notes", []), at.key("notes"),
+                                                    nonempty=False)))
     return Plan(
         algorithm=expect_string(obj["algorithm"], at.key("algorithm")),
         schedule=schedule,
@@ -583,7 +616,19 @@ def parse_plan(raw: Any, *, profile: ModelProfile, devices: DeviceSet,
         planner_s=expect_number(obj.get("planner_s", 0.0), at.key("planner_s")),
         bound=bound,
         inflight=inflight,
+        notes=notes,
+        lag=lag,
+        replica_inflight=replica_inflight,
     )
+
+
+def _depths(raw: Any, at: At, num_stages: int) -> tuple[int, ...] | None:
+    if raw is None:
+        return None
+    depths = expect_list(raw, at)
+    if len(depths) != num_stages:
+        raise at.fail(f"has {len(depths)} entries for {num_stages} stages", depths)
+    return tuple(expect_integer(x, at.index(k), minimum=1) for k, x in enumerate(depths))
 
 
 def _parse_beta(raw: Any, at: At, devices: DeviceSet) -> Mapping[str, Mapping[str, float]]:

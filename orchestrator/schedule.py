@@ -7,22 +7,38 @@ run cannot drift apart. An action is (stage, kind, micro-batch) with the short s
 
 - ``F``: forward pass of a micro-batch (then send the activation downstream);
 - ``B``: backward pass (then send the gradient upstream);
-- ``A``: all-reduce of the stage's gradients among its replicas (stages on several devices);
+- ``A``: the stage's replicas share gradients (stages on several devices, below);
 - ``U``: apply the update to the stage's weights (a new weight version).
 
 Schedules:
 
-- ``1f1b`` (PipeDream / FTPipeHD, asynchronous): stage k keeps S - k micro-batches in flight
-  (the memory model's stash depth), then alternates one backward and one forward; each backward
-  is followed by its update, so each micro-batch is forwarded and backwarded with the same
-  stashed weight version (weight stashing) and the version that entered stage 0 (vertical
-  sync). On replicated stages the all-reduce runs in the background; a replica's next backward
-  waits for its previous all-reduce.
+- ``1f1b`` (PipeDream / FTPipeHD, asynchronous): stage k keeps D_k micro-batches in flight
+  (default S - k, the memory model's stash depth), then alternates one backward and one
+  forward; each backward is followed by its update, so each micro-batch is forwarded and
+  backwarded with the same stashed weight version (weight stashing).
 - ``gpipe`` (synchronous): each batch of micro-batches is forwarded, then backwarded, then the
   replicas all-reduce together and every stage updates once (the flush).
 
-A stage served by several devices gives each micro-batch to the replica that would finish it
-first, so replicas share the work in proportion to their speed, as the cost model assumes.
+A stage served by several devices (a group of replicas) gives each micro-batch to the replica
+that would finish it first, so replicas share the work in proportion to their speed, as the
+cost model assumes. Under GPipe the replicas all-reduce the gradients they accumulated over
+the batch (``A``, every replica joining, even one without micro-batches in that batch) and
+apply the same average. Under 1F1B every replica applies the update of *every* micro-batch of
+the stage, in micro-batch order, as a single device would: a replica's ``A`` after its own
+backward sends that micro-batch's gradient to the other replicas, and a ``U`` of a micro-batch
+another replica owns waits for it. Each replica's list is the single-device 1F1B list of the
+stage, keeping its own forwards and backwards, with the others' updates deferred to just
+before its next own forward or update (a backward needs no new weights: it runs on the
+forward's stashed version). So the replicas' weights are identical at every version and equal,
+bit for bit, what one device would train with the same micro-batches.
+
+Two lanes (Duan-Wu): a device that splits its resources between the passes runs its forwards
+on one lane and everything else on another, at once. :func:`forward_gates` says when a forward
+may start and on which weight version, for one lane or two: with two lanes under 1F1B a
+forward waits until the last backward before it in the list has started (which keeps 1F1B's
+bound on micro-batches in flight) and runs on the weights holding the updates listed before
+that backward (applied by then); under GPipe a forward waits for everything listed before it,
+so each batch still forwards on the weights of the previous flush.
 """
 
 from __future__ import annotations
@@ -63,6 +79,17 @@ class Action:
 
 
 @dataclass(frozen=True)
+class ForwardGate:
+    """When a forward may start and what it runs on: once its device has *started*
+    ``started`` of the list's other actions (those that are not forwards, in list order) and
+    *finished* ``finished`` of them, on the weights holding ``updates`` of the list's updates."""
+
+    started: int
+    finished: int
+    updates: int
+
+
+@dataclass(frozen=True)
 class Schedule:
     """Action lists per device, and which replica of each stage serves each micro-batch."""
 
@@ -73,13 +100,34 @@ class Schedule:
     stage_devices: tuple[tuple[str, ...], ...]
     replica: tuple[tuple[str, ...], ...]  # [stage][microbatch] -> device
     actions: Mapping[str, tuple[Action, ...]]
+    two_lanes: frozenset[str] = frozenset()  # devices running forwards on a lane of their own
+    inflight: tuple[int, ...] = ()  # 1F1B: micro-batches each stage keeps in flight
+    lag: tuple[int, ...] = ()  # 1F1B: a replicated stage forwards m on the updates up to m - lag
 
     def device_for(self, stage: int, microbatch: int) -> str:
         return self.replica[stage][microbatch]
 
+    def replicas(self, stage: int) -> tuple[str, ...]:
+        return self.stage_devices[stage]
+
+    def stage_of(self, device: str) -> int:
+        for k, devices in enumerate(self.stage_devices):
+            if device in devices:
+                return k
+        raise ValueError(f"device {device!r} serves no stage")
+
+    def gates(self, device: str) -> dict[int, ForwardGate]:
+        """:func:`forward_gates` of a device's list."""
+        k = self.stage_of(device)
+        replicated = len(self.stage_devices[k]) > 1
+        return forward_gates(self.actions[device], name=self.name,
+                             two_lanes=device in self.two_lanes,
+                             depth=self.lag[k] if replicated else None)
+
     def to_json(self) -> dict[str, object]:
         return {"name": self.name, "num_stages": self.num_stages,
                 "microbatches": self.microbatches, "flush_every": self.flush_every,
+                "two_lanes": sorted(self.two_lanes),
                 "actions": {d: [str(a) for a in acts] for d, acts in self.actions.items()}}
 
 
@@ -95,18 +143,69 @@ def assign_replicas(times_s: Sequence[float], microbatches: int) -> list[int]:
     return out
 
 
-def _one_f_one_b(stage: int, mine: Sequence[int], warmup: int, replicated: bool) -> list[Action]:
-    def after_backward(m: int) -> list[Action]:
-        tail = [Action(stage, "A", m)] if replicated else []
-        return [Action(stage, "B", m), *tail, Action(stage, "U", m)]
-
+def _one_f_one_b(stage: int, mine: Sequence[int], warmup: int) -> list[Action]:
     warmup = min(warmup, len(mine))
     acts = [Action(stage, "F", m) for m in mine[:warmup]]
     for i in range(len(mine) - warmup):
-        acts += after_backward(mine[i])
-        acts.append(Action(stage, "F", mine[warmup + i]))
+        acts += [Action(stage, "B", mine[i]), Action(stage, "U", mine[i]),
+                 Action(stage, "F", mine[warmup + i])]
     for m in mine[len(mine) - warmup:]:
-        acts += after_backward(m)
+        acts += [Action(stage, "B", m), Action(stage, "U", m)]
+    return acts
+
+
+def reference_version(microbatch: int, depth: int) -> int:
+    """The weight version a single device keeping ``depth`` micro-batches in flight under 1F1B
+    forwards ``microbatch`` with: the updates of micro-batches 0..m - depth."""
+    return max(0, microbatch - depth + 1)
+
+
+def _one_f_one_b_replica(stage: int, owner: Sequence[int], replica: int, lag: int,
+                         ahead: int, *, two_lanes: bool = False) -> list[Action]:
+    """A replica's list under 1F1B: its own micro-batches in 1F1B order, each backward
+    followed by ``A`` (its gradient to the other replicas), and every update of the stage, in
+    micro-batch order, as late as it can come: before an own forward of m, those that make
+    :func:`reference_version` (m, lag), the version one device keeping ``lag`` in flight would
+    forward m with. A backward never waits for an update.
+
+    In flight: a replica forwards its next micro-batch when it has none in flight, and
+    before the backward of its oldest i every own micro-batch up to i + ``ahead`` (the span
+    its micro-batches' way through it and the stages downstream takes, which those stages
+    need to keep busy and to return i's gradient). More would only lengthen each
+    micro-batch's way through the replica, which the other replicas' forwards wait for.
+
+    On two lanes the updates a forward needs go before the backward listed just before it
+    (and its ``A``), so that the forward can run beside that backward."""
+    mine = [m for m, r in enumerate(owner) if r == replica]
+    acts: list[Action] = []
+    applied = 0  # updates listed so far (every one of them, in micro-batch order)
+    forwards = backwards = 0
+
+    def apply_until(count: int) -> None:
+        nonlocal applied
+        while applied < count:
+            acts.append(Action(stage, "U", applied))
+            applied += 1
+
+    while backwards < len(mine):
+        if forwards < len(mine):
+            m = mine[forwards]
+            version = reference_version(m, lag)
+            oldest = mine[backwards] if backwards < forwards else m
+            ready = not any(owner[j] == replica for j in range(oldest, version))
+            if ready and (forwards == backwards or m <= oldest + ahead):
+                start = len(acts)
+                apply_until(version)
+                if two_lanes and start >= 2 and acts[start - 2].kind == "B":
+                    acts[start - 2:] = acts[start:] + acts[start - 2:start]
+                acts.append(Action(stage, "F", m))
+                forwards += 1
+                continue
+        assert backwards < forwards, "a replica's forward waits on an update of its own"
+        j = mine[backwards]
+        acts += [Action(stage, "B", j), Action(stage, "A", j)]
+        backwards += 1
+    apply_until(len(owner))
     return acts
 
 
@@ -129,16 +228,58 @@ def _gpipe(stage: int, mine: Sequence[int], flush_every: int, microbatches: int,
     return acts
 
 
+def forward_gates(actions: Sequence[Action], *, name: str, two_lanes: bool,
+                  depth: int | None = None) -> dict[int, ForwardGate]:
+    """For each forward of a device's list (by position): when it may start and on which
+    weights (module docstring). On one lane a forward waits for everything before it. ``depth``:
+    the list is a replica's under 1F1B, whose forwards run on the stage's
+    :func:`reference_version`, once the update that makes it is applied."""
+    gates: dict[int, ForwardGate] = {}
+    others = 0  # actions other than forwards so far
+    updates: list[int] = []  # where each update is among the others
+    last_backward: tuple[int, int] | None = None  # (its index among the others, updates before)
+    for position, action in enumerate(actions):
+        if action.kind != "F":
+            if action.kind == "B":
+                last_backward = (others, len(updates))
+            elif action.kind == "U":
+                updates.append(others)
+            others += 1
+            continue
+        if two_lanes and name == "1f1b" and last_backward is not None:
+            index, version = last_backward
+            started, finished = index + 1, index
+        else:
+            started = finished = others
+            version = len(updates)
+        if depth is not None and name == "1f1b":
+            version = reference_version(action.microbatch, depth)
+            if version > len(updates):
+                raise ValueError(f"{action} needs {version} updates; {len(updates)} come before "
+                                 "it")
+            finished = max(finished, updates[version - 1] + 1 if version else 0)
+        gates[position] = ForwardGate(started=started, finished=finished, updates=version)
+    return gates
+
+
 def build_schedule(*, name: str, stage_devices: Sequence[Sequence[str]],
                    stage_times_s: Sequence[Sequence[float]], microbatches: int,
                    flush_every: int | None = None,
-                   inflight: Sequence[int] | None = None) -> Schedule:
+                   inflight: Sequence[int] | None = None,
+                   lag: Sequence[int] | None = None,
+                   replica_inflight: Mapping[str, int] | None = None,
+                   two_lanes: Sequence[str] = ()) -> Schedule:
     """Action lists for a pipeline of ``stage_devices`` (replicas per stage, in pipeline order)
     whose replicas take ``stage_times_s`` per micro-batch, over ``microbatches`` micro-batches.
 
     ``flush_every`` (GPipe) is the number of micro-batches per batch; default all of them.
     ``inflight`` (1F1B) is the number of micro-batches each stage keeps in flight; default
-    S - k (see :func:`orchestrator.cost.choose_inflight`).
+    S - k (see :func:`orchestrator.cost.choose_inflight`). ``lag`` (1F1B): a replicated stage
+    forwards m on the updates of micro-batches up to m - lag (default its in-flight depth; see
+    :func:`orchestrator.cost.choose_lag`); ``replica_inflight``: the span of micro-batches a
+    replica keeps in flight (default its stage's depth; see
+    :func:`orchestrator.cost.replica_inflight`). ``two_lanes``: the devices that run their
+    forwards on a lane of their own (a Duan-Wu split).
     """
     if name not in SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {name!r}")
@@ -152,31 +293,41 @@ def build_schedule(*, name: str, stage_devices: Sequence[Sequence[str]],
     if inflight is not None and (len(inflight) != len(stage_devices)
                                  or any(x < 1 for x in inflight)):
         raise ValueError(f"inflight needs one positive depth per stage, got {list(inflight)}")
+    if lag is not None and len(lag) != len(stage_devices):
+        raise ValueError(f"lag needs one depth per stage, got {list(lag)}")
+    every = [d for devices in stage_devices for d in devices]
+    if len(set(every)) != len(every):
+        raise ValueError("a device serves one stage of a pipeline")
+    unknown = sorted(set(two_lanes) - set(every))
+    if unknown:
+        raise ValueError(f"two_lanes names {unknown[0]!r}, which serves no stage")
     num_stages = len(stage_devices)
     replica: list[tuple[str, ...]] = []
     actions: dict[str, tuple[Action, ...]] = {}
+    depths = tuple(num_stages - k if inflight is None else inflight[k]
+                   for k in range(num_stages))
+    lags = depths if lag is None else tuple(max(g, d) for g, d in zip(lag, depths, strict=True))
     for k, (devices, times) in enumerate(zip(stage_devices, stage_times_s, strict=True)):
         if len(devices) != len(times) or not devices:
             raise ValueError(f"stage {k}: need one time per replica")
         owner = assign_replicas(times, microbatches)
         replica.append(tuple(devices[r] for r in owner))
-        in_flight = num_stages - k if inflight is None else inflight[k]
+        depth = depths[k]
         for r, device in enumerate(devices):
             mine = [m for m in range(microbatches) if owner[m] == r]
-            replicated = len(devices) > 1
-            if name == "1f1b":
-                # the stage's first D_k micro-batches are its warm-up, each forwarded by the
-                # replica that owns it (a replica owning none of them starts with one): no
-                # replica forwards further ahead than the stage upstream can deliver without
-                # this stage's backwards, or the two would wait for each other
-                head = min(in_flight, microbatches)
-                warmup = max(1, sum(1 for m in range(head) if owner[m] == r))
-                actions[device] = tuple(_one_f_one_b(k, mine, warmup, replicated))
+            if name == "gpipe":
+                acts = _gpipe(k, mine, flush, microbatches, len(devices) > 1)
+            elif len(devices) > 1:
+                window = (replica_inflight or {}).get(device, depth)
+                acts = _one_f_one_b_replica(k, owner, r, lags[k], window - 1,
+                                            two_lanes=device in two_lanes)
             else:
-                actions[device] = tuple(_gpipe(k, mine, flush, microbatches, replicated))
+                acts = _one_f_one_b(k, mine, depth)
+            actions[device] = tuple(acts)
     return Schedule(name=name, num_stages=num_stages, microbatches=microbatches,
                     flush_every=flush, stage_devices=tuple(tuple(d) for d in stage_devices),
-                    replica=tuple(replica), actions=MappingProxyType(actions))
+                    replica=tuple(replica), actions=MappingProxyType(actions),
+                    two_lanes=frozenset(two_lanes), inflight=depths, lag=lags)
 
 
 def format_schedule(schedule: Schedule) -> str:

@@ -5,11 +5,14 @@ Each device executes its action list (:mod:`orchestrator.schedule`) in order. A 
 for its activation, a backward for its gradient (the last stage for its own forward); after a
 forward the activation crosses the link to the next stage's replica for that micro-batch, after
 a backward the gradient crosses back. A link carries one transfer at a time in either direction
-(the cost model's 2x boundary term), taking ``bytes / bandwidth + latency``; a replicated stage
-all-reduces over one shared channel for ``Y`` seconds. Under a Duan-Wu ``beta`` plan a device
-runs forwards and backwards on two lanes at once, each at the speed of its share of the device's
-resources; a forward may start only once every earlier backward of its list has started, which
-keeps 1F1B's bound on micro-batches in flight.
+(the cost model's 2x boundary term), taking ``bytes / bandwidth + latency``. Replicas of a
+stage share gradients as the schedule says: under GPipe they all-reduce over one shared channel
+for ``Y`` seconds at each flush; under 1F1B a replica's ``A`` sends its micro-batch's gradient
+(the stage's parameter bytes) to every other replica over their links, and a replica's update
+of a micro-batch it does not own waits for that gradient. Under a Duan-Wu ``beta`` plan a device
+with a split runs forwards and everything else on two lanes at once, each at the speed of its
+share of the device's resources, with the forward gates of :func:`orchestrator.schedule.
+forward_gates` (which weights a forward runs on, and what it waits for).
 
 The result holds timeline events in the shared schema and a summary: makespan, throughput,
 busy and idle time per device with the idle broken down
@@ -25,7 +28,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from orchestrator.cost import CostModel, beta_compute_s
+from orchestrator.cost import CostModel, split_pass_s
 from orchestrator.events import IdleBreakdown, TimelineEvent, idle_breakdown
 from orchestrator.formats import Plan
 from orchestrator.schedule import Action, Schedule, build_schedule
@@ -79,26 +82,24 @@ class _Simulation:
         self.activation_at: dict[tuple[int, int], float] = {}
         self.gradient_at: dict[tuple[int, int], float] = {}
         self.forward_done: dict[tuple[int, int], float] = {}
+        self.shared_at: dict[tuple[str, int], float] = {}  # (replica, micro-batch): its gradient
         self.version_of: dict[int, int] = {}
-        self.updates: dict[str, int] = {d: 0 for d in plan.device_ids}
-        self.sync_pending: dict[str, bool] = {d: False for d in plan.device_ids}
         self.sync_arrived: dict[tuple[int, int], set[str]] = {}
         self.links: dict[frozenset[str], _Channel] = {}
         self.rings = [_Channel() for _ in plan.stages]
-        self.two_lanes = plan.beta is not None
         self.fwd_s, self.bwd_s = pass_times(cm, plan)
         self.lanes: dict[str, list[_Lane]] = {}
+        self.gates = {dev: schedule.gates(dev) for dev in schedule.actions}
+        # how many of each device's actions other than forwards have started and finished
+        self.others_started = {dev: 0 for dev in schedule.actions}
+        self.others_finished = {dev: 0 for dev in schedule.actions}
         for dev, acts in schedule.actions.items():
             indexed = list(enumerate(acts))
-            if self.two_lanes:
+            if dev in schedule.two_lanes:
                 self.lanes[dev] = [_Lane([x for x in indexed if x[1].kind == "F"]),
                                    _Lane([x for x in indexed if x[1].kind != "F"])]
             else:
                 self.lanes[dev] = [_Lane(indexed)]
-        # backwards before each position of a device's list, and backwards started so far
-        self.backwards_before = {d: list(itertools.accumulate(
-            (a.kind == "B" for a in acts), initial=0)) for d, acts in schedule.actions.items()}
-        self.backwards_started = {d: 0 for d in schedule.actions}
 
     # ---- the event loop
 
@@ -135,18 +136,24 @@ class _Simulation:
 
     def ready(self, dev: str, position: int, action: Action) -> bool:
         k, m = action.stage, action.microbatch
-        if (self.two_lanes and action.kind == "F"
-                and self.backwards_started[dev] < self.backwards_before[dev][position]):
-            return False
         if action.kind == "F":
+            gate = self.gates[dev][position]
+            if (self.others_started[dev] < gate.started
+                    or self.others_finished[dev] < gate.finished):
+                return False
             return k == 0 or self.activation_at.get((k, m), float("inf")) <= self.now
         if action.kind == "B":
-            if self.sync_pending[dev]:
-                return False
             if k == self.num_stages - 1:
                 return self.forward_done.get((k, m), float("inf")) <= self.now
             return self.gradient_at.get((k, m), float("inf")) <= self.now
-        return True  # A joins or launches the all-reduce; U applies the update
+        if action.kind == "U" and self.shared(k, m, dev):
+            return self.shared_at.get((dev, m), float("inf")) <= self.now
+        return True  # A shares the gradients; U applies the update
+
+    def shared(self, k: int, m: int, dev: str) -> bool:
+        """Is this a 1F1B update of a micro-batch another replica owns (its gradient comes)?"""
+        return (self.schedule.name == "1f1b" and len(self.plan.stages[k].devices) > 1
+                and self.schedule.device_for(k, m) != dev)
 
     def try_start(self, dev: str, lane: _Lane) -> bool:
         if lane.done or lane.free_at > self.now:
@@ -155,10 +162,14 @@ class _Simulation:
         if not self.ready(dev, position, action):
             return False
         lane.next += 1
-        if action.kind == "B":
-            self.backwards_started[dev] += 1
-        getattr(self, f"start_{action.kind}")(dev, lane, action)
+        if action.kind != "F":
+            self.others_started[dev] += 1
+        getattr(self, f"start_{action.kind}")(dev, lane, position, action)
         return True
+
+    def finished(self, dev: str, action: Action) -> None:
+        if action.kind != "F":
+            self.others_finished[dev] += 1
 
     def compute(self, dev: str, lane: _Lane, action: Action, kind: str, duration: float,
                 then: Callable[[float], None]) -> None:
@@ -166,69 +177,64 @@ class _Simulation:
         lane.free_at = end
         k, m = action.stage, action.microbatch
         self.events.append(TimelineEvent(self.run, dev, k, kind, m, self.version(k, m), start, end))
-        self.at(end, lambda: then(end))
 
-    def start_F(self, dev: str, lane: _Lane, action: Action) -> None:
+        def done() -> None:
+            self.finished(dev, action)
+            then(end)
+        self.at(end, done)
+
+    def start_F(self, dev: str, lane: _Lane, position: int, action: Action) -> None:
         k, m = action.stage, action.microbatch
         if k == 0:
-            self.version_of[m] = self.updates[dev]
+            self.version_of[m] = self.gates[dev][position].updates
 
         def done(end: float) -> None:
             self.forward_done[(k, m)] = end
             if k + 1 < self.num_stages:
                 stage = self.plan.stages[k]
-                self.transfer(dev, self.schedule.device_for(k + 1, m), k, m,
-                              int(self.cm.output_bytes[stage.last]), self.activation_at, k + 1)
+                self.transfer(dev, self.schedule.device_for(k + 1, m), m,
+                              int(self.cm.output_bytes[stage.last]), self.activation_at,
+                              (k + 1, m), src_stage=k, dst_stage=k + 1)
 
         self.compute(dev, lane, action, "forward", self.fwd_s[dev], done)
 
-    def start_B(self, dev: str, lane: _Lane, action: Action) -> None:
+    def start_B(self, dev: str, lane: _Lane, position: int, action: Action) -> None:
         k, m = action.stage, action.microbatch
 
         def done(end: float) -> None:
             if k > 0:
                 upstream = self.plan.stages[k - 1]
-                self.transfer(dev, self.schedule.device_for(k - 1, m), k, m,
-                              int(self.cm.output_bytes[upstream.last]), self.gradient_at, k - 1)
+                self.transfer(dev, self.schedule.device_for(k - 1, m), m,
+                              int(self.cm.output_bytes[upstream.last]), self.gradient_at,
+                              (k - 1, m), src_stage=k, dst_stage=k - 1)
 
         self.compute(dev, lane, action, "backward", self.bwd_s[dev], done)
 
-    def start_A(self, dev: str, lane: _Lane, action: Action) -> None:
+    def start_A(self, dev: str, lane: _Lane, position: int, action: Action) -> None:
         k, m = action.stage, action.microbatch
         stage = self.plan.stages[k]
         a, e = stage.layers
+        if self.schedule.name == "1f1b":
+            # the micro-batch's gradient to every other replica; the owner computes on
+            size = int(self.cm.params_bytes(a, e))
+            self.events.append(TimelineEvent(self.run, dev, k, "aggregate", m,
+                                             self.version(k, m), self.now, self.now, size))
+            for peer in stage.devices:
+                if peer != dev:
+                    self.transfer(dev, peer, m, size, self.shared_at, (peer, m), src_stage=k,
+                                  dst_stage=k)
+            self.finished(dev, action)
+            return
         duration = self.cm.sync_s(a, e, [self.cm.index(d) for d in stage.devices])
         n = len(stage.devices)
         size = int(2 * (n - 1) / n * self.cm.params_bytes(a, e))
-        if self.schedule.name == "1f1b":
-            self.background_all_reduce(dev, k, m, duration, size)
-        else:
-            self.collective_all_reduce(dev, lane, k, m, duration, size)
+        self.collective_all_reduce(dev, lane, action, duration, size)
 
-    def background_all_reduce(self, dev: str, k: int, m: int, duration: float,
-                              size: int) -> None:
-        """1F1B: this replica's gradients go round the ring while it computes on; its next
-        backward waits until they are back and applied."""
-        self.sync_pending[dev] = True
-
-        def applied() -> None:
-            self.sync_pending[dev] = False
-            self.updates[dev] += 1
-
-        def job(start: float) -> float:
-            end = start + duration
-            self.events.append(TimelineEvent(self.run, dev, k, "aggregate", m,
-                                             self.version(k, m), start, end, size))
-            self.bytes_moved += size
-            self.at(end, applied)
-            return end
-
-        self.enqueue(self.rings[k], job)
-
-    def collective_all_reduce(self, dev: str, lane: _Lane, k: int, m: int, duration: float,
+    def collective_all_reduce(self, dev: str, lane: _Lane, action: Action, duration: float,
                               size: int) -> None:
         """GPipe's flush: every replica of the stage waits for all of them, then for the
         all-reduce."""
+        k, m = action.stage, action.microbatch
         lane.free_at = float("inf")
         devices = self.plan.stages[k].devices
         arrived = self.sync_arrived.setdefault((k, m), set())
@@ -242,20 +248,20 @@ class _Simulation:
                 self.events.append(TimelineEvent(self.run, d, k, "aggregate", m,
                                                  self.version(k, m), start, end, size))
                 self.bytes_moved += size
-            self.at(end, lambda: self.release(devices, end))
+            self.at(end, lambda: self.release(devices, action, end))
             return end
 
         self.enqueue(self.rings[k], job)
 
-    def release(self, devices: tuple[str, ...], end: float) -> None:
+    def release(self, devices: tuple[str, ...], action: Action, end: float) -> None:
         for d in devices:
+            self.finished(d, action)
             for lane in self.lanes[d]:
                 if lane.free_at == float("inf"):
                     lane.free_at = end
 
-    def start_U(self, dev: str, lane: _Lane, action: Action) -> None:
-        if len(self.plan.stages[action.stage].devices) == 1 or self.schedule.name == "gpipe":
-            self.updates[dev] += 1
+    def start_U(self, dev: str, lane: _Lane, position: int, action: Action) -> None:
+        self.finished(dev, action)  # the update's time is in the backward (the profile's)
 
     # ---- transfers over shared channels
 
@@ -276,20 +282,20 @@ class _Simulation:
             self.serve(channel)
         self.at(end, next_job)
 
-    def transfer(self, src: str, dst: str, stage: int, m: int, size: int,
-                 arrivals: dict[tuple[int, int], float], dst_stage: int) -> None:
+    def transfer(self, src: str, dst: str, m: int, size: int, arrivals: dict[Any, float],
+                 key: Any, *, src_stage: int, dst_stage: int) -> None:
         x, y = self.cm.index(src), self.cm.index(dst)
         duration = size / float(self.cm.bandwidth_bps[x, y]) + float(self.cm.latency_s[x, y])
-        version = self.version(stage, m)
+        version = self.version(src_stage, m)
 
         def job(start: float) -> float:
             end = start + duration
-            self.events.append(TimelineEvent(self.run, src, stage, "send", m, version, start,
+            self.events.append(TimelineEvent(self.run, src, src_stage, "send", m, version, start,
                                              end, size))
             self.events.append(TimelineEvent(self.run, dst, dst_stage, "recv", m, version,
                                              start, end, size))
             self.bytes_moved += size
-            self.at(end, lambda: arrivals.__setitem__((dst_stage, m), end))
+            self.at(end, lambda: arrivals.__setitem__(key, end))
             return end
 
         self.enqueue(self.links.setdefault(frozenset((src, dst)), _Channel()), job)
@@ -297,21 +303,14 @@ class _Simulation:
 
 def pass_times(cm: CostModel, plan: Plan) -> tuple[dict[str, float], dict[str, float]]:
     """Forward and backward time of one micro-batch on each device of the plan: its layer times,
-    or under a beta split the time of each pass on its share of the device's resources."""
+    or for a device with a beta split the time of each pass on its share of the device's
+    resources."""
     fwd: dict[str, float] = {}
     bwd: dict[str, float] = {}
-    inf = float("inf")
     for stage in plan.stages:
         a, e = stage.layers
         for dev in stage.devices:
-            d = cm.index(dev)
-            if plan.beta is None:
-                fwd[dev], bwd[dev] = cm.pass_s(d, a, e)
-            else:
-                names, rf, rb = cm.resource_rates(a, e, [d])
-                share = [plan.beta[dev][kind] for _, kind in names]
-                fwd[dev] = beta_compute_s(rf, [inf] * len(rb), share)
-                bwd[dev] = beta_compute_s([inf] * len(rf), rb, share)
+            fwd[dev], bwd[dev] = split_pass_s(cm, cm.index(dev), a, e, plan.beta)
     return fwd, bwd
 
 
@@ -320,12 +319,15 @@ def schedule_for(cm: CostModel, plan: Plan, *, microbatches: int, schedule: str 
     """The action lists of a plan, with replicas sharing micro-batches by their speed (under a
     beta split a device's passes overlap, so its pace is the slower of the two)."""
     fwd, bwd = pass_times(cm, plan)
-    pace = {d: max(fwd[d], bwd[d]) if plan.beta is not None else fwd[d] + bwd[d] for d in fwd}
+    pace = {d: max(fwd[d], bwd[d]) if d in plan.two_lanes else fwd[d] + bwd[d] for d in fwd}
     times = [[pace[d] for d in s.devices] for s in plan.stages]
     return build_schedule(name=schedule or plan.schedule,
                           stage_devices=[s.devices for s in plan.stages], stage_times_s=times,
                           microbatches=microbatches, flush_every=flush_every,
-                          inflight=[plan.inflight_for(k) for k in range(len(plan.stages))])
+                          inflight=[plan.inflight_for(k) for k in range(len(plan.stages))],
+                          lag=[plan.lag_for(k) for k in range(len(plan.stages))],
+                          replica_inflight=plan.replica_inflight,
+                          two_lanes=sorted(plan.two_lanes))
 
 
 def simulate(cm: CostModel, plan: Plan, *, microbatches: int, schedule: str | None = None,

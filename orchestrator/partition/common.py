@@ -5,8 +5,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 
-from orchestrator.cost import CostModel, choose_inflight, evaluate
+from orchestrator.cost import (
+    CostModel,
+    choose_inflight,
+    choose_lag,
+    evaluate,
+    replica_inflight,
+)
 from orchestrator.formats import SCHEDULES, Bound, Plan, Stage, freeze_beta
 
 # A stage as planners build it: (first layer, last layer, device indices).
@@ -29,11 +36,15 @@ def check_plan_options(*, schedule: str, microbatches: int) -> None:
 def finish_plan(cm: CostModel, raw: Sequence[RawStage], *, algorithm: str, schedule: str,
                 microbatches: int, started: float,
                 beta: Mapping[str, Mapping[str, float]] | None = None,
-                bound: Bound | None = None) -> Plan:
+                bound: Bound | None = None, notes: Sequence[str] = ()) -> Plan:
     """A plan for ``raw`` with the cost model's prediction and the time since ``started``."""
     stages = to_stages(cm, raw)
     frozen = None if beta is None else freeze_beta(beta)
     predicted = evaluate(cm, stages, beta=frozen)
+    inflight = choose_inflight(cm, stages, predicted, beta=frozen)
+    windows = replica_inflight(cm, stages, predicted, inflight, beta=frozen)
     return Plan(algorithm=algorithm, schedule=schedule, microbatches=microbatches, stages=stages,
                 beta=frozen, predicted=predicted, planner_s=time.perf_counter() - started,
-                bound=bound, inflight=choose_inflight(cm, stages, predicted))
+                bound=bound, inflight=inflight, notes=tuple(notes),
+                lag=choose_lag(cm, stages, predicted, inflight, beta=frozen),
+                replica_inflight=MappingProxyType(windows) if windows else None)

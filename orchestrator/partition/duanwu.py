@@ -27,13 +27,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from orchestrator.allocation import allocate_beta, best_rate
-from orchestrator.cost import CostModel
+from orchestrator.cost import CostModel, beta_compute_s
 from orchestrator.errors import PlanningError
 from orchestrator.formats import Plan
 from orchestrator.grouping import group_local_search
 from orchestrator.partition.common import RawStage, check_plan_options, finish_plan
 
 _REL_TOL = 1e-9
+_GAIN = 1e-6  # a split counts when it makes a device's stage at least this much faster
 
 
 class _Worker:
@@ -200,15 +201,32 @@ def partition(cm: CostModel, groups: Sequence[Sequence[int]]) -> list[RawStage]:
     return pipeline.raw_stages(pipeline.search()[0])
 
 
-def beta_for(cm: CostModel, raw: Sequence[RawStage]) -> dict[str, dict[str, float]]:
-    """Each device's forward share of each of its resources for its stage (the LP, per worker)."""
+def beta_for(cm: CostModel, raw: Sequence[RawStage]
+             ) -> tuple[dict[str, dict[str, float]], list[str]]:
+    """Each device's forward share of each of its resources for its stage (the LP, per
+    worker), for the devices where running both passes at once beats running them one after
+    the other; and a note naming the others. On a single resource (or several with the same
+    backward/forward ratio) the split's best is the sequential rate: such a device runs its
+    passes one after the other, and the plan says so rather than pretend to a split."""
     beta: dict[str, dict[str, float]] = {}
+    sequential: list[str] = []
     for a, e, group in raw:
         for d in group:
             names, rf, rb = cm.resource_rates(a, e, [d])
-            for (dev_id, kind), fraction in zip(names, allocate_beta(rf, rb), strict=True):
-                beta.setdefault(dev_id, {})[kind] = fraction
-    return beta
+            fractions = allocate_beta(rf, rb)
+            split_s = beta_compute_s(rf, rb, fractions)
+            if split_s < cm.device_s(d, a, e) * (1 - _GAIN):
+                for (dev_id, kind), fraction in zip(names, fractions, strict=True):
+                    beta.setdefault(dev_id, {})[kind] = fraction
+            else:
+                sequential.append(cm.devices.ids[d])
+    notes = []
+    if sequential:
+        notes.append(f"beta brings nothing on {', '.join(sequential)}: a forward/backward split "
+                     "of a single resource (or of resources alike) is no faster than running "
+                     "the passes one after the other, so "
+                     f"{'it runs' if len(sequential) == 1 else 'they run'} them sequentially")
+    return beta, notes
 
 
 def plan_duanwu(cm: CostModel, *, schedule: str = "1f1b", microbatches: int = 8,
@@ -234,5 +252,6 @@ def plan_duanwu(cm: CostModel, *, schedule: str = "1f1b", microbatches: int = 8,
     if best is None:
         raise PlanningError("no grouping of these devices fits the model in memory")
     raw = best[1]
+    beta, notes = beta_for(cm, raw)
     return finish_plan(cm, raw, algorithm="duanwu", schedule=schedule, microbatches=microbatches,
-                       started=started, beta=beta_for(cm, raw))
+                       started=started, beta=beta or None, notes=notes)

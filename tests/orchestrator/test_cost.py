@@ -8,10 +8,12 @@ from orchestrator.cost import (
     CostModel,
     build_cost_model,
     choose_inflight,
+    choose_lag,
     evaluate,
     messages_table,
     needed_inflight,
     pass_messages,
+    replica_inflight,
     stage_messages,
 )
 from orchestrator.errors import FormatError, PlanningError
@@ -102,6 +104,12 @@ def test_beta_replaces_compute_with_the_split() -> None:
     assert evaluate(cm, stage, beta={"w": {"cpu": 0.5, "gpu": 0.5}}).period_s == pytest.approx(3.2)
     with pytest.raises(PlanningError, match="beta has no fraction for resource 'gpu'"):
         evaluate(cm, stage, beta={"w": {"cpu": 1.0}})
+    # a device beta leaves out runs its passes one after the other; a group's replicas share
+    # micro-batches by their own rates: 1 / (1/2 + 1/3)
+    two = build_cost_model(profile, DeviceSet(devices=(dev, make_device("v", 2.0))))
+    group = (Stage((0, 0), ("w", "v")),)
+    assert evaluate(two, group, beta={"w": {"cpu": 1.0, "gpu": 0.0}}).stage_s[0] == \
+        pytest.approx(1 / (1 / 2 + 1 / 3))
     # without beta the contract uses speed alone: (2 + 4) / 2
     assert evaluate(cm, stage).period_s == pytest.approx(3.0)
 
@@ -152,6 +160,31 @@ def test_inflight_is_capped_by_memory_and_keeps_falling() -> None:
     assert chosen[1] == 2
     assert all(chosen[k] > chosen[k + 1] for k in range(2))
     assert all(chosen[k] >= 3 - k for k in range(3))
+
+
+def test_replicas_keep_their_own_span_in_flight_and_lag_for_their_peers() -> None:
+    # two stages of 1 s on one fast device and a group of a 2 s and a 6 s device (C = 1.5)
+    profile = make_profile([(0.5, 0.5), (0.5, 0.5)], param_bytes=[0, 4 * MB])
+    cm = build_cost_model(profile, DeviceSet(devices=(
+        make_device("a", 1.0), make_device("b", 0.5, bandwidth_bps=8 * MB),
+        make_device("c", 1 / 6, bandwidth_bps=8 * MB))))
+    stages = (Stage((0, 0), ("a",)), Stage((1, 1), ("b", "c")))
+    p = evaluate(cm, stages)
+    assert p.period_s == pytest.approx(1.5) and p.stage_s[1] == pytest.approx(1.5)
+    inflight = choose_inflight(cm, stages, p)
+    # the first stage's cycle crosses the slowest replica: 1 + 6 s, 5 periods (no link)
+    assert inflight == (5, 1)
+    assert replica_inflight(cm, stages, p, inflight) == {"b": 1, "c": 1}
+    # c's micro-batch takes 6 s = 4 periods, then its gradient 0.5 s (Y = 4 MB / 8 MB/s) to
+    # b, with a period to spare: the second stage forwards 4 + 2 behind
+    assert choose_lag(cm, stages, p, inflight) == (5, 4 + 2)
+    assert choose_lag(cm, (stages[0], Stage((1, 1), ("b",))), p, (2, 1)) is None
+    # a fast replica of a first stage needs less of the second stage's span than a slow one
+    stages = (Stage((0, 0), ("a", "c")), Stage((1, 1), ("b",)))
+    p = evaluate(cm, stages)
+    inflight = choose_inflight(cm, stages, p)
+    windows = replica_inflight(cm, stages, p, inflight)
+    assert windows["a"] < windows["c"] == inflight[0]
 
 
 def test_a_devices_overhead_is_paid_once_per_stage() -> None:

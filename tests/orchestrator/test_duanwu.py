@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from orchestrator.allocation import allocate_beta, best_rate, closed_form_beta, lp_beta
 from orchestrator.cost import CostModel, beta_compute_s, build_cost_model, evaluate
 from orchestrator.errors import PlanningError
+from orchestrator.events import steady_throughput_sps
 from orchestrator.formats import DeviceSet, Resource
 from orchestrator.grouping import (
     canonical,
@@ -26,6 +27,7 @@ from orchestrator.partition import run_planner
 from orchestrator.partition.brute import brute_force_ordered
 from orchestrator.partition.common import to_stages
 from orchestrator.partition.duanwu import partition, partition_overflow, partition_period
+from orchestrator.simulator import simulate
 from tests.orchestrator.instances import make_device, make_profile, random_instance
 
 rates = st.lists(st.floats(0.01, 100.0), min_size=1, max_size=6)
@@ -150,8 +152,12 @@ def test_duanwu_plan_carries_beta_and_its_prediction() -> None:
     cm = build_cost_model(profile, devices)
     plan = run_planner(cm, "duanwu")
     assert plan.beta is not None and plan.predicted is not None
-    assert set(plan.beta) == set(plan.device_ids)
+    # only the hybrid device gains from a split; the single-resource ones run sequentially,
+    # and the plan says so
+    assert set(plan.beta) == {"hybrid"} and plan.two_lanes == {"hybrid"}
     assert set(plan.beta["hybrid"]) == {"cpu", "gpu"}
+    assert len(plan.notes) == 1 and "beta brings nothing on" in plan.notes[0]
+    assert all(d in plan.notes[0] for d in set(plan.device_ids) - {"hybrid"})
     assert plan.predicted == evaluate(cm, plan.stages, beta=plan.beta)
     # the hybrid device's split beats running both passes on its pooled speed
     pooled = run_planner(cm, "optimal").predicted
@@ -159,6 +165,22 @@ def test_duanwu_plan_carries_beta_and_its_prediction() -> None:
     assert plan.predicted.period_s <= pooled.period_s * 1.5
     two = run_planner(cm, "duanwu", workers=2)
     assert len(two.stages) == 2
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_duanwu_plans_simulate_at_their_prediction(workers: int) -> None:
+    # the hybrid device runs its passes on two lanes, as a replica (1 or 2 workers: grouped
+    # with single-lane devices) or alone; the simulator reaches the cost model's period
+    profile = make_profile([(1.0, 3.0)] * 6)
+    hybrid = make_device("hybrid", 3.0, resources=(Resource("cpu", 1.0, 0.5),
+                                                   Resource("gpu", 2.0, 4.0)))
+    cm = build_cost_model(profile, DeviceSet(devices=(hybrid, make_device("pi", 0.5),
+                                                      make_device("laptop", 1.0))))
+    plan = run_planner(cm, "duanwu", workers=workers)
+    assert plan.predicted is not None and plan.two_lanes == {"hybrid"}
+    sim = simulate(cm, plan, microbatches=400, schedule="1f1b")
+    steady = steady_throughput_sps(sim.events, samples_per_microbatch=32)
+    assert steady == pytest.approx(plan.predicted.throughput_sps, rel=0.02)
 
 
 def test_duanwu_without_a_fitting_partition() -> None:

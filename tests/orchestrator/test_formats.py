@@ -207,6 +207,26 @@ def test_plan_round_trip_and_beta_validation(tmp_path: Path) -> None:
         parse_plan(dict(doc, schedule="zb"), profile=profile, devices=devices)
 
 
+def test_plans_with_groups_carry_lags_windows_and_notes() -> None:
+    profile = parse_profile(small_profile())
+    devices = parse_devices(small_devices())
+    doc = plan_doc([([0, 3], ["a", "b"])])
+    doc.update(inflight=[1], lag=[4], replica_inflight={"a": 1, "b": 1},
+               notes=["beta brings nothing on a"])
+    plan = parse_plan(doc, profile=profile, devices=devices)
+    assert plan.lag == (4,) and plan.lag_for(0) == 4 and dict(plan.replica_inflight or {}) == {
+        "a": 1, "b": 1}
+    assert plan.notes == ("beta brings nothing on a",)
+    assert parse_plan(plan.to_json(), profile=profile, devices=devices) == plan
+    assert parse_plan(plan_doc([([0, 3], ["a"])]), profile=profile, devices=devices).lag_for(0) == 1
+    for change, reason in [({"lag": [0]}, r"lag\[0\]: must be at least 1"),
+                           ({"inflight": [3], "lag": [2]}, "at least each stage's in-flight"),
+                           ({"replica_inflight": {"z": 1}}, "is not a device of a replicated"),
+                           ({"notes": [3]}, r"notes\[0\]")]:
+        with pytest.raises(FormatError, match=reason):
+            parse_plan(dict(doc, **change), profile=profile, devices=devices)
+
+
 @pytest.mark.parametrize(("field", "value"), [("overhead_s", 0.002), ("message_s", 0.0001)])
 def test_fixed_costs_round_trip_and_must_not_be_negative(field: str, value: float) -> None:
     doc = small_devices()

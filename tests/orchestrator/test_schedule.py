@@ -6,7 +6,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.schedule import Action, assign_replicas, build_schedule, format_schedule
+from orchestrator.schedule import (
+    Action,
+    ForwardGate,
+    assign_replicas,
+    build_schedule,
+    format_schedule,
+    forward_gates,
+    reference_version,
+)
 
 
 def test_action_string_round_trip() -> None:
@@ -71,3 +79,68 @@ def test_inflight_override_and_validation() -> None:
         build_schedule(name="zb-h1", stage_devices=[["a"]], stage_times_s=[[1]], microbatches=2)
     table = format_schedule(sched)
     assert table.splitlines()[1].split() == ["0", "0F0", "1F0"]
+
+
+@given(st.lists(st.integers(1, 3), min_size=1, max_size=4), st.integers(1, 30),
+       st.integers(1, 6), st.lists(st.floats(0.2, 5.0), min_size=12, max_size=12))
+def test_replicas_forward_their_own_and_apply_every_update_in_order(
+        groups: list[int], microbatches: int, extra_depth: int, times: list[float]) -> None:
+    stage_devices = [[f"s{k}r{r}" for r in range(n)] for k, n in enumerate(groups)]
+    stage_times = [[times[(3 * k + r) % 12] for r in range(n)] for k, n in enumerate(groups)]
+    depths = [len(groups) - k + extra_depth - 1 for k in range(len(groups))]
+    lags = [d + extra_depth % 3 for d in depths]
+    sched = build_schedule(name="1f1b", stage_devices=stage_devices, stage_times_s=stage_times,
+                           microbatches=microbatches, inflight=depths, lag=lags)
+    for k, devices in enumerate(stage_devices):
+        forwarded: list[int] = []
+        for device in devices:
+            acts = sched.actions[device]
+            own = [m for m in range(microbatches) if sched.device_for(k, m) == device]
+            assert sorted(a.microbatch for a in acts if a.kind == "F") == own
+            assert [a.microbatch for a in acts if a.kind == "B"] == own  # in order
+            updates = [a.microbatch for a in acts if a.kind == "U"]
+            forwarded += [a.microbatch for a in acts if a.kind == "F"]
+            if len(devices) == 1:
+                assert updates == own
+                continue
+            assert updates == list(range(microbatches))  # every update, in order, everywhere
+            for i, a in enumerate(acts):
+                if a.kind == "B":  # each own backward shares its gradient at once
+                    assert acts[i + 1] == Action(k, "A", a.microbatch)
+            gates = sched.gates(device)
+            for position, gate in gates.items():
+                m = acts[position].microbatch
+                assert gate.updates == reference_version(m, lags[k])  # as one device would
+                applied = sum(1 for a in acts[:position] if a.kind == "U")
+                assert gate.updates <= applied
+        assert sorted(forwarded) == list(range(microbatches))
+
+
+def test_a_replica_applies_the_updates_its_next_forward_needs_just_before_it() -> None:
+    # one stage (in-flight depth 1) on two replicas whose forwards lag 3 micro-batches behind
+    sched = build_schedule(name="1f1b", stage_devices=[["a", "b"]], stage_times_s=[[1.0, 1.0]],
+                           microbatches=6, inflight=[1], lag=[3])
+    assert " ".join(map(str, sched.actions["a"])) == \
+        "0F0 0B0 0A0 0F2 0B2 0A2 0U0 0U1 0F4 0B4 0A4 0U2 0U3 0U4 0U5"
+    assert " ".join(map(str, sched.actions["b"])) == \
+        "0F1 0B1 0A1 0U0 0F3 0B3 0A3 0U1 0U2 0F5 0B5 0A5 0U3 0U4 0U5"
+    # b forwards 3 on version 1 (the update of 0, which a sends), as one device keeping 3 in
+    # flight would: every replica applies every update, in order, and no backward waits
+    position = sched.actions["b"].index(Action(0, "F", 3))
+    assert sched.gates("b")[position] == ForwardGate(started=3, finished=3, updates=1)
+
+
+def test_two_lanes_overlap_a_forward_with_the_backward_before_it() -> None:
+    acts = build_schedule(name="1f1b", stage_devices=[["a"], ["b"]], stage_times_s=[[1], [1]],
+                          microbatches=4, two_lanes=["a"]).actions["a"]
+    assert " ".join(map(str, acts)) == "0F0 0F1 0B0 0U0 0F2 0B1 0U1 0F3 0B2 0U2 0B3 0U3"
+    gates = forward_gates(acts, name="1f1b", two_lanes=True)
+    # 0F2 may start once 0B0 has started, on the weights before 0U0: version 0, not 1
+    assert gates[4] == ForwardGate(started=1, finished=0, updates=0)
+    assert gates[7] == ForwardGate(started=3, finished=2, updates=1)
+    one_lane = forward_gates(acts, name="1f1b", two_lanes=False)
+    assert one_lane[4] == ForwardGate(started=2, finished=2, updates=1)
+    # under GPipe a forward of the next batch waits for the flush's update, on either lane
+    gpipe = build_schedule(name="gpipe", stage_devices=[["a"]], stage_times_s=[[1]],
+                           microbatches=4, flush_every=2).actions["a"]
+    assert forward_gates(gpipe, name="gpipe", two_lanes=True)[5] == ForwardGate(3, 3, 1)

@@ -15,6 +15,7 @@ from orchestrator.errors import PlanningError
 from orchestrator.events import COMPUTE_KINDS, steady_throughput_sps
 from orchestrator.formats import DeviceSet, Plan, Stage
 from orchestrator.partition import run_planner
+from orchestrator.schedule import reference_version
 from orchestrator.simulator import simulate
 from tests.conftest import DATA
 from tests.orchestrator.instances import instances, make_device, make_profile, random_instance
@@ -85,6 +86,12 @@ def test_each_microbatch_forward_and_backward_once_per_stage(cm: CostModel, sche
             assert done == list(range(m)), (k, kind)
             devices = {e.device for e in sim.events if e.stage == k and e.kind == kind}
             assert devices <= set(stage.devices)
+    if schedule == "1f1b" and len(plan.stages[0].devices) > 1:
+        # replicas of the first stage forward each micro-batch on the version one device
+        # keeping the stage's lag in flight would have used (which labels its events)
+        depth = plan.lag_for(0)
+        assert all(e.version == reference_version(e.microbatch, depth) for e in sim.events
+                   if e.stage == 0 and e.kind == "forward")
     # a stage's forward of a micro-batch ends before the next stage's forward of it starts
     ends = {(e.stage, e.microbatch): e.end for e in sim.events if e.kind == "forward"}
     starts = {(e.stage, e.microbatch): e.start for e in sim.events if e.kind == "forward"}
