@@ -1,10 +1,11 @@
 """Plans whose stages are served by groups of devices (replicas of a stage) and that split
 resources between the passes (Duan-Wu's beta), with the planner's notes, as the dashboard
-shows them: the layouts the run page fetches, the compare page, and the planned
+shows them: the layouts the run page fetches and embeds, the compare page, and the planned
 timeline of such a plan (its replicas side by side, their all-reduce drawn)."""
 
 from __future__ import annotations
 
+import json
 import re
 from html import unescape
 
@@ -118,6 +119,20 @@ def test_the_layouts_api_lists_every_computed_plan(api: APIClient, anon: APIClie
     assert got["layouts"][0]["notes"] == NOTES
     assert api.get("/api/dashboard/runs/999999/plans/layouts/").status_code == 404
     assert anon.get(path).status_code in (401, 403)
+
+
+def test_the_run_page_embeds_the_layouts_and_the_run_order(browser: Client, grouped_run: Run):
+    html = browser.get(f"/runs/{grouped_run.pk}/").content.decode()
+    config = json.loads(unescape(re.search(
+        r'<script id="run-config" type="application/json">(.*?)</script>', html, re.S)[1]))
+    # the run's own order; the page lays its Gantts out by the layouts' stages
+    assert [d["device"] for d in config["devices"]] == ["c", "a", "b"]
+    assert [x["algorithm"] for x in config["layouts"]] == ["duanwu", "tapp"]
+    stages = config["layouts"][0]["stages"]
+    assert [[d["device"] for d in s["devices"]] for s in stages] == [["a"], ["b", "c"]]
+    assert [d["passes"] for s in stages for d in s["devices"]] == [
+        "β cpu 0.42 forward", "β cpu 0.50 forward", "β cpu 0.60 forward"]
+    assert config["urls"]["layouts"] == f"/api/dashboard/runs/{grouped_run.pk}/plans/layouts/"
 
 
 def test_the_compare_page_shows_the_chosen_plans_groups_betas_and_notes(browser: Client,
