@@ -141,9 +141,10 @@
       if (run.last > run.first) {
         const top = paperY(run.first - 0.42, range);
         const bottom = paperY(run.last + 0.42, range);
-        shapes.push({ type: "path", xref: "paper", yref: "paper", layer: "above",
-                      path: "M -0.003," + top + " L -0.008," + top + " L -0.008," + bottom +
-                        " L -0.003," + bottom,
+        // x in pixels left of the plot, whatever its width
+        shapes.push({ type: "path", xref: "paper", yref: "paper", xsizemode: "pixel", xanchor: 0,
+                      layer: "above", path: "M -3," + top + " L -8," + top + " L -8," + bottom +
+                        " L -3," + bottom,
                       line: { color: GROUP_COLOR, width: 2 } });
       }
       if (n < runs.length - 1) {
@@ -171,7 +172,7 @@
         range: range, tickmode: "array",
         tickvals: rowList.map(function (_, i) { return i; }),
         ticktext: rowList.map(function (r) { return EP.esc(r.label); }),
-        zeroline: false, showgrid: false, fixedrange: true, automargin: true, ticklabelstandoff: 8,
+        zeroline: false, showgrid: false, fixedrange: true, automargin: true, ticklabelstandoff: 13,
       },
       shapes: stageShapes(rowList.map(function (r) {
         return { stage: r.stage === undefined ? null : r.stage };
