@@ -1,6 +1,7 @@
-"""Data the run page fetches besides its WebSocket: a plan's planned timeline (the simulator's
-Gantt of a couple of batches) and the chosen plan's planned events over a span of run time
-(the live Gantt's ghosts). Session users; errors in the API's one JSON shape."""
+"""Data the run page fetches besides its WebSocket: its plans' layouts (stages, the groups of
+devices serving them, betas and the planners' notes), a plan's planned timeline (the
+simulator's Gantt of a couple of batches) and the chosen plan's planned events over a span of
+run time (the live Gantt's ghosts). Session users; errors in the API's one JSON shape."""
 
 from __future__ import annotations
 
@@ -30,6 +31,19 @@ def _query(serializer_class: type[serializers.Serializer], request: Request) -> 
     query = serializer_class(data=request.query_params)
     query.is_valid(raise_exception=True)
     return dict(query.validated_data)
+
+
+class PlanLayoutsApi(APIView):
+    @extend_schema(responses=inline_serializer("PlanLayouts", {
+        "run": serializers.IntegerField(),
+        "layouts": serializers.ListField(
+            child=serializers.DictField(),
+            help_text="per plan with a document: plan, algorithm, summary, stages (stage, "
+                      "layers, replicas, text, devices: device, label, beta, sequential, "
+                      "passes), beta (whether it has one) and notes")}))
+    def get(self, request: Request, run_id: int) -> Response:
+        run = _run(run_id)
+        return Response({"run": run.pk, "layouts": selectors.run_plan_layouts(run=run)})
 
 
 class PlanTimelineApi(APIView):

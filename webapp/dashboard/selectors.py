@@ -199,7 +199,108 @@ def run_export_plan(*, run: Run, plan_id: int | None = None) -> Plan | None:
     return plan_best(run=run)
 
 
+# --------------------------------------------------------------------------- plan layouts
+
+
+def plural(count: int, word: str, words: str | None = None) -> str:
+    """``1 stage``, ``2 stages``."""
+    return f"{count} {word if count == 1 else words or word + 's'}"
+
+
+def _layers_text(layers: Any) -> str:
+    if (not isinstance(layers, (list, tuple)) or len(layers) != 2
+            or not all(isinstance(x, int) for x in layers)):
+        return "layers ?"
+    a, e = layers
+    return f"layer {a}" if a == e else f"layers {a}\u2013{e}"
+
+
+def _fraction(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _beta_of(raw: Any) -> list[dict[str, Any]]:
+    """A device's beta as [{resource, forward, text}], in resource order: the fraction of
+    each resource its forward pass gets (the backward pass gets the rest)."""
+    if not isinstance(raw, dict):
+        return []
+    out = []
+    for kind in sorted(raw, key=str):
+        share = _fraction(raw[kind])
+        if share is None:
+            continue
+        out.append({"resource": str(kind), "forward": share,
+                    "text": f"\u03b2 {kind} {share:.2f} forward"})
+    return out
+
+
+def plan_layout(*, document: Any, names: dict[str, str], plan: Plan | None = None
+                ) -> dict[str, Any]:
+    """How a plan lays the model out, in words for the pages: its stages in pipeline order,
+    each with its layers and the group of devices serving it (replicas of the stage, side by
+    side), each device's beta (a Duan-Wu split of its resources between the forward and the
+    backward pass; a device absent from a plan's beta runs its passes one after the other),
+    and the planner's notes. ``names`` maps device uids to the names shown. Tolerant of
+    documents from older or foreign planners: what is missing is left out, not guessed."""
+    doc = document if isinstance(document, dict) else {}
+    raw_beta = doc.get("beta")
+    has_beta = isinstance(raw_beta, dict) and bool(raw_beta)
+    stages = []
+    for k, raw in enumerate(doc.get("stages") or []):
+        if not isinstance(raw, dict):
+            continue
+        devices = []
+        for uid in raw.get("devices") or []:
+            uid = str(uid)
+            beta = _beta_of(raw_beta.get(uid)) if has_beta else []
+            sequential = has_beta and not beta
+            passes = (", ".join(b["text"] for b in beta) if beta
+                      else "forward, then backward (no \u03b2)" if sequential else "")
+            devices.append({"device": uid, "label": names.get(uid, uid), "beta": beta,
+                            "sequential": sequential, "passes": passes})
+        n = len(devices)
+        text = _layers_text(raw.get("layers")) + " on " + (
+            " + ".join(d["label"] for d in devices) or "no device")
+        if n > 1:
+            text += f" ({n} replicas)"
+        stages.append({"stage": k, "layers": raw.get("layers"), "devices": devices,
+                       "replicas": n, "text": text})
+    notes = doc.get("notes")
+    if isinstance(notes, str):
+        notes = [notes]
+    notes = [str(n).strip() for n in notes or [] if isinstance(n, (str, int, float))
+             and str(n).strip()] if isinstance(notes, list) else []
+    replicated = sum(1 for s in stages if s["replicas"] > 1)
+    summary = plural(len(stages), "stage")
+    if replicated:
+        summary += f" ({replicated} replicated)"
+    return {"plan": plan.pk if plan else None,
+            "algorithm": plan.algorithm if plan else str(doc.get("algorithm", "")),
+            "stages": stages, "summary": summary, "beta": has_beta, "notes": notes}
+
+
+def run_device_names(*, run: Run) -> dict[str, str]:
+    return {rd.device.uid: rd.device.name for rd in run.run_devices.select_related("device")}
+
+
+def run_plan_layouts(*, run: Run) -> list[dict[str, Any]]:
+    """The layout of each of the run's plans that has a document, in plan order."""
+    names = run_device_names(run=run)
+    return [plan_layout(document=p.document, names=names, plan=p)
+            for p in Plan.objects.filter(run=run, document__isnull=False).order_by("id")]
+
+
 # --------------------------------------------------------------------------- planned timelines
+
+
+# what a plan document carries for people only: the simulator is not told
+PLAN_DISPLAY_FIELDS = ("notes",)
+
+
+def _simulated_fields(document: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in document.items() if k not in PLAN_DISPLAY_FIELDS}
 
 
 def _plan_model(run: Run, plan: Plan) -> tuple[CostModel, PlanDocument]:
@@ -211,8 +312,8 @@ def _plan_model(run: Run, plan: Plan) -> tuple[CostModel, PlanDocument]:
                        action="simulate the plan")
     try:
         profile, devices = run_planning_inputs(run=run)
-        parsed = parse_plan(plan.document, profile=profile, devices=devices,
-                            file=f"plan {plan.pk}")
+        parsed = parse_plan(_simulated_fields(plan.document), profile=profile,
+                            devices=devices, file=f"plan {plan.pk}")
     except (PlanningError, FormatError) as exc:
         raise Conflict(f"plan {plan.pk} cannot be simulated: {exc}", state=plan.status,
                        action="simulate the plan") from None
@@ -232,6 +333,15 @@ def _simulated(run: Run, plan: Plan, batches: int) -> tuple[CostModel, PlanDocum
                           schedule=run.schedule, flush_every=run.microbatches)
     except RuntimeError as exc:  # a schedule the simulator cannot run to its end
         raise Conflict(f"plan {plan.pk} cannot be simulated: {exc}", state=plan.status,
+                       action="simulate the plan") from None
+    except KeyError as exc:
+        # a beta that leaves a device out (it runs its passes one after the other), which
+        # the simulator cannot run yet; any other KeyError is a bug and stays one
+        missing = exc.args[0] if exc.args else None
+        if parsed.beta is None or missing in parsed.beta or missing not in parsed.device_ids:
+            raise
+        raise Conflict(f"plan {plan.pk} cannot be simulated: the simulator needs a beta for "
+                       f"device {missing} too", state=plan.status,
                        action="simulate the plan") from None
     return cm, parsed, result
 
@@ -422,8 +532,8 @@ def runs_compare_ids(raw: list[str]) -> list[int]:
 
 def runs_compared(runs: list[Run]) -> list[dict[str, Any]]:
     """Each run with its figures (webapp.runs.selectors.run_summary: measured against the
-    simulator for the same plan and length, idle per device, loss) and its throughput over
-    time; the best measured throughput is marked."""
+    simulator for the same plan and length, idle per device, loss), its chosen plan's layout
+    and its throughput over time; the best measured throughput is marked."""
     rows = []
     for run in runs:
         try:
@@ -434,8 +544,11 @@ def runs_compared(runs: list[Run]) -> list[dict[str, Any]]:
         measured = summary.get("throughput_steady_sps") or 0.0
         predicted = summary.get("throughput_steady_predicted_sps") or 0.0
         idle = summary.get("idle_s", {})
+        plan = run.chosen_plan
         rows.append({
             "run": run, "summary": summary, "error": error,
+            "layout": None if plan is None or plan.document is None else plan_layout(
+                document=plan.document, names=run_device_names(run=run), plan=plan),
             "ratio": measured / predicted if measured and predicted else None,
             "idle_fraction": {d: f["idle_s"] / (f["busy_s"] + f["idle_s"])
                               for d, f in idle.items() if f["busy_s"] + f["idle_s"] > 0},

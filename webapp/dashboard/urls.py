@@ -31,6 +31,8 @@ urlpatterns = [
 ]
 
 api_urlpatterns = ([
+    path("runs/<int:run_id>/plans/layouts/", apis.PlanLayoutsApi.as_view(),
+         name="plan-layouts"),
     path("runs/<int:run_id>/plans/<int:plan_id>/timeline/", apis.PlanTimelineApi.as_view(),
          name="plan-timeline"),
     path("runs/<int:run_id>/planned/", apis.RunPlannedApi.as_view(), name="run-planned"),

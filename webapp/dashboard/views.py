@@ -162,10 +162,13 @@ def run(request: HttpRequest, run_id: int) -> HttpResponse:
     found = get_object_or_404(run_list().select_related("model_spec"), pk=run_id)
     rows = [{"device": d.uid, "label": d.name, "id": d.pk, "status": d.status}
             for d in run_devices(run=found)]
+    # the devices in the run's order; the page lays its Gantts out by the plans' stages
     config = {
         "run": found.pk, "ws_path": f"/ws/runs/{found.pk}/", "window_s": WINDOW_S,
-        "embedded": _embedded(), "rows": rows,
+        "embedded": _embedded(), "devices": rows,
+        "layouts": selectors.run_plan_layouts(run=found),
         "urls": {
+            "layouts": reverse("dashboard-api:plan-layouts", args=[found.pk]),
             "plan": reverse("run-plan", args=[found.pk]),
             "start": reverse("run-start", args=[found.pk]),
             "pause": reverse("run-pause", args=[found.pk]),

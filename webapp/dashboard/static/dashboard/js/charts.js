@@ -1,9 +1,13 @@
 /* Charts shared by the run page's planned and live Gantts and its learned planners' training
    curves (Plotly, served from this server).
    A Gantt draws each event as a thick line segment (one SVG path per kind, so thousands of
-   events stay smooth), one row per device in pipeline order: the compute lane (forward,
-   backward, update, aggregate), under it the planned ghosts, under those the transfers
-   (send, recv, replicate, load). Hovering a bar tells its kind, micro-batch, stage and times. */
+   events stay smooth), one row per device in pipeline order, the replicas of a stage (its
+   group) on adjacent rows, each labelled with its stage, on a shared band with a bracket in
+   the margin. In a row: the compute lane (forward, backward, update), under it the planned
+   ghosts, under those the aggregation lane (all-reduce among a stage's replicas, weight
+   averaging: it runs beside the compute under 1F1B, so it has a lane of its own), then the
+   transfers (send, recv, replicate, load). Hovering a bar tells its kind, micro-batch, stage
+   and times. */
 (function () {
   "use strict";
   const EP = (window.EdgePipe = window.EdgePipe || {});
@@ -12,19 +16,26 @@
     forward: { color: "#3b82f6", lane: "compute", label: "forward" },
     backward: { color: "#f59e0b", lane: "compute", label: "backward" },
     update: { color: "#dc2626", lane: "compute", label: "update" },
-    aggregate: { color: "#db2777", lane: "compute", label: "aggregate (all-reduce)" },
+    aggregate: { color: "#c026d3", lane: "sync", label: "aggregate (all-reduce, averaging)" },
     send: { color: "#10b981", lane: "comm", label: "send" },
     recv: { color: "#8b5cf6", lane: "comm", label: "recv" },
     replicate: { color: "#0d9488", lane: "comm", label: "replicate" },
     load: { color: "#94a3b8", lane: "comm", label: "load" },
   };
-  // lane offsets within a device's row (rows are 1 apart; the y axis is reversed)
-  const LANES = { compute: -0.18, ghost: 0.1, comm: 0.3 };
+  // lanes within a device's row (rows are 1 apart; the y axis is reversed): offset from the
+  // row's centre and thickness, as fractions of the row
+  const LANES = {
+    compute: { y: -0.2, width: 0.3 },
+    ghost: { y: 0.03, width: 0.14 },
+    sync: { y: 0.18, width: 0.1 },
+    comm: { y: 0.33, width: 0.11 },
+  };
+  const GROUP_COLOR = "#64748b"; // the bracket of a stage's replicas
   const IDLE = [
     { key: "busy_s", label: "busy", color: "#3b82f6" },
     { key: "upstream_s", label: "waiting upstream", color: "#f97316" },
     { key: "downstream_s", label: "waiting downstream", color: "#a855f7" },
-    { key: "sync_s", label: "sync (replicas)", color: "#db2777" },
+    { key: "sync_s", label: "sync (replicas)", color: KINDS.aggregate.color },
     { key: "bubble_s", label: "bubble (fill/drain)", color: "#cbd5e1" },
   ];
 
@@ -35,7 +46,8 @@
       (e.bytes ? "<br>" + EP.fmt.bytes(e.bytes) : "");
   }
 
-  /* traces of `events` on rows {uid: index}; opts: {ghost, rowPx, labels, xmin, xmax} */
+  /* traces of `events` on rows {uid: index}; opts: {ghost, rowPx, labels, xmin, xmax}. Planned
+     ghosts are the compute and aggregation bars (a plan's transfers are not drawn). */
   function ganttTraces(events, rows, opts) {
     const groups = {};
     for (const e of events) {
@@ -43,10 +55,10 @@
       const row = rows[e.device];
       if (row === undefined) continue;
       const spec = KINDS[e.kind] || KINDS.load;
-      if (opts.ghost && spec.lane !== "compute") continue;
+      if (opts.ghost && spec.lane === "comm") continue;
       const lane = opts.ghost ? "ghost" : spec.lane;
       const g = groups[e.kind] || (groups[e.kind] = { x: [], y: [], text: [], lane: lane });
-      const y = row + LANES[lane];
+      const y = row + LANES[lane].y;
       const t = hoverText(e, opts.labels[e.device] || e.device, opts.ghost);
       g.x.push(e.start, (e.start + e.end) / 2, e.end, null);
       g.y.push(y, y, y, null);
@@ -56,11 +68,10 @@
     for (const kind of Object.keys(KINDS)) {
       const g = groups[kind];
       if (!g) continue;
-      const width = g.lane === "compute" ? opts.rowPx * 0.34 : opts.rowPx * 0.14;
       traces.push({
         type: "scatter", mode: "lines", x: g.x, y: g.y, text: g.text,
         hovertemplate: "%{text}<extra></extra>",
-        line: { color: KINDS[kind].color, width: Math.max(2, width) },
+        line: { color: KINDS[kind].color, width: Math.max(2, opts.rowPx * LANES[g.lane].width) },
         opacity: opts.ghost ? 0.38 : 1,
         name: opts.ghost ? "planned " + kind : KINDS[kind].label,
         legendgroup: opts.ghost ? "planned" : kind,
@@ -71,7 +82,82 @@
     return traces;
   }
 
+  /* A Gantt's rows: the devices of each stage in pipeline order (stages: [{devices: [uid]}]),
+     a stage's replicas side by side, each labelled "stage k · name"; then, by name, the
+     devices the stages leave out (devices: uids, the run's own order) and any other device
+     `seen` in the events (sorted, never in the order events arrived). Without stages, the
+     devices in their order, labelled by name. labels: uid -> name. */
+  function stageRows(stages, labels, devices, seen) {
+    const rows = [];
+    const placed = new Set();
+    (stages || []).forEach(function (stage, k) {
+      const group = (stage.devices || []).filter(function (uid) { return !placed.has(uid); });
+      group.forEach(function (uid, j) {
+        placed.add(uid);
+        rows.push({ device: uid, stage: k, replica: j, replicas: group.length,
+                    label: "stage " + k + " · " + (labels[uid] || uid) });
+      });
+    });
+    const rest = (devices || []).concat((seen || []).slice().sort());
+    for (const uid of rest) {
+      if (placed.has(uid)) continue;
+      placed.add(uid);
+      rows.push({ device: uid, stage: null, replica: 0, replicas: 1,
+                  label: (labels[uid] || uid) + (stages ? " · no stage" : "") });
+    }
+    return rows;
+  }
+
+  /* where data y sits on the paper (0 bottom, 1 top) of an axis reversed over [lo, hi] */
+  function paperY(y, range) { return (range[0] - y) / (range[0] - range[1]); }
+
+  /* runs of adjacent rows serving the same stage: [{first, last}] (a row without a stage
+     is a run of its own) */
+  function stageRuns(rowList) {
+    const runs = [];
+    rowList.forEach(function (r, i) {
+      const last = runs[runs.length - 1];
+      if (last && r.stage !== null && r.stage === rowList[last.first].stage) last.last = i;
+      else runs.push({ first: i, last: i });
+    });
+    return runs;
+  }
+
+  /* the bands, separators and brackets that show which rows serve the same stage: a stage's
+     rows share a band (every other stage shaded), its replicas are split by dotted lines and
+     the stages by solid ones, and a group of replicas gets a bracket left of its rows */
+  function stageShapes(rowList, range) {
+    const shapes = [];
+    const runs = stageRuns(rowList);
+    runs.forEach(function (run, n) {
+      if (n % 2 === 1) {
+        shapes.push({ type: "rect", xref: "paper", x0: 0, x1: 1, y0: run.first - 0.5, y1: run.last + 0.5,
+                      fillcolor: "#f1f5f9", opacity: 0.6, line: { width: 0 }, layer: "below" });
+      }
+      for (let j = run.first; j < run.last; j += 1) {
+        shapes.push({ type: "line", xref: "paper", x0: 0, x1: 1, y0: j + 0.5, y1: j + 0.5,
+                      line: { color: "#e2e8f0", width: 1, dash: "dot" } });
+      }
+      if (run.last > run.first) {
+        const top = paperY(run.first - 0.42, range);
+        const bottom = paperY(run.last + 0.42, range);
+        // x in pixels left of the plot, whatever its width
+        shapes.push({ type: "path", xref: "paper", yref: "paper", xsizemode: "pixel", xanchor: 0,
+                      layer: "above", path: "M -3," + top + " L -8," + top + " L -8," + bottom +
+                        " L -3," + bottom,
+                      line: { color: GROUP_COLOR, width: 2 } });
+      }
+      if (n < runs.length - 1) {
+        shapes.push({ type: "line", xref: "paper", x0: 0, x1: 1, y0: run.last + 0.5, y1: run.last + 0.5,
+                      line: { color: "#cbd5e1", width: 1 } });
+      }
+    });
+    return shapes;
+  }
+
+  /* rowList: stageRows' rows (or {label}); labels are text, never markup */
   function ganttLayout(rowList, opts) {
+    const range = [rowList.length - 0.45, -0.7];
     return {
       height: opts.height,
       margin: { l: 110, r: 16, t: opts.legend === false ? 8 : 30, b: 40 },
@@ -83,15 +169,14 @@
       xaxis: { title: { text: "seconds since the run started", font: { size: 11 } }, zeroline: false,
                gridcolor: "#eef2f7", range: opts.xrange, autorange: opts.xrange ? false : true },
       yaxis: {
-        range: [rowList.length - 0.45, -0.7], tickmode: "array",
+        range: range, tickmode: "array",
         tickvals: rowList.map(function (_, i) { return i; }),
-        ticktext: rowList.map(function (r) { return r.label; }),
-        zeroline: false, showgrid: false, fixedrange: true,
+        ticktext: rowList.map(function (r) { return EP.esc(r.label); }),
+        zeroline: false, showgrid: false, fixedrange: true, automargin: true, ticklabelstandoff: 13,
       },
-      shapes: rowList.map(function (_, i) {
-        return { type: "line", xref: "paper", x0: 0, x1: 1, y0: i + 0.5, y1: i + 0.5,
-                 line: { color: "#e2e8f0", width: 1 } };
-      }),
+      shapes: stageShapes(rowList.map(function (r) {
+        return { stage: r.stage === undefined ? null : r.stage };
+      }), range),
       plot_bgcolor: "#fff", paper_bgcolor: "#fff",
       uirevision: opts.uirevision,
     };
@@ -156,6 +241,7 @@
 
   EP.charts = {
     KINDS: KINDS, IDLE: IDLE, ganttTraces: ganttTraces, ganttLayout: ganttLayout, rowHeight: rowHeight,
+    stageRows: stageRows,
     trainingTraces: trainingTraces, trainingLayout: trainingLayout,
   };
 })();

@@ -5,7 +5,7 @@
   const series = EP.readJSON("compare-series");
   const chart = document.getElementById("compare-throughput");
   const traces = series.filter(function (s) { return s.x.length > 0; }).map(function (s) {
-    return { type: "scatter", mode: "lines", name: s.name, x: s.x, y: s.y,
+    return { type: "scatter", mode: "lines", name: EP.esc(s.name), x: s.x, y: s.y,
              hovertemplate: "%{y:.1f} samples/s at %{x:.1f} s<extra>" + EP.esc(s.name) + "</extra>" };
   });
   if (!traces.length) {

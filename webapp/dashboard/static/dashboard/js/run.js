@@ -3,7 +3,9 @@
    four times a second with Plotly.react. While the run is planning in the embedded setup
    (whose in-memory channel layer does not carry the planning worker's events) it asks for a
    snapshot every 2 s. A learned planner (TAPP) saves its training curve on its plan as it
-   learns; the page draws it from the plan events or those snapshots. */
+   learns; the page draws it from the plan events or those snapshots. The Gantts have a row
+   per device in pipeline order, a stage's replicas side by side: the stages of the newest
+   re-partition, else of the chosen plan (its layout: fetched with the plans' comparison). */
 (function () {
   "use strict";
   const EP = window.EdgePipe;
@@ -15,9 +17,10 @@
   const ACTIVE = ["starting", "running", "recovering", "paused"];
   const TERMINAL = ["finished", "cancelled"];
 
-  const rowIndex = {};
-  const labels = {};
-  cfg.rows.forEach(function (r, i) { rowIndex[r.device] = i; labels[r.device] = r.label; });
+  const labels = {}; // uid -> name
+  cfg.devices.forEach(function (d) { labels[d.device] = d.label; });
+  const layouts = {}; // plan id -> its layout (stages, groups, betas, notes)
+  cfg.layouts.forEach(function (l) { layouts[l.plan] = l; });
 
   let snap = null;
   const dirty = new Set();
@@ -62,6 +65,7 @@
 
   EP.runPage = {
     state: function () { return snap; },
+    rows: function () { return snap ? ganttRows().rows : []; },
     socket: socket,
     renders: 0,
     snapshots: 0,
@@ -73,9 +77,10 @@
     const what = new Set(dirty);
     dirty.clear();
     if (what.has("run")) renderRun();
+    if (what.has("run") || what.has("faults") || what.has("layouts")) renderPipeline();
     if (what.has("plans") || what.has("run")) renderPlans();
-    if (what.has("timeline") || what.has("faults") || what.has("run")) renderGantt();
-    if (what.has("idle")) renderIdle();
+    if (what.has("timeline") || what.has("faults") || what.has("run") || what.has("layouts")) renderGantt();
+    if (what.has("idle") || what.has("layouts")) renderIdle();
     if (what.has("metrics")) renderMetrics();
     if (what.has("faults")) renderFaults();
     // an unfinished recovery's bar grows with the run's clock
@@ -136,7 +141,7 @@
 
   /* ---------------------------------------------------------------- plans */
 
-  for (const kind of ["forward", "backward", "send", "recv", "aggregate"]) {
+  for (const kind of Object.keys(EP.charts.KINDS)) {
     const swatch = h("i");
     swatch.style.background = EP.charts.KINDS[kind].color;
     $("kind-legend").append(h("span", null, swatch, EP.charts.KINDS[kind].label));
@@ -157,13 +162,99 @@
       return;
     }
     compareKey = key;
-    const answer = await EP.api("GET", cfg.urls.compare);
+    const answers = await Promise.all([EP.api("GET", cfg.urls.compare), EP.api("GET", cfg.urls.layouts)]);
+    const answer = answers[0];
+    if (answers[1].ok) {
+      for (const id of Object.keys(layouts)) delete layouts[id];
+      answers[1].data.layouts.forEach(function (l) { layouts[l.plan] = l; });
+      dirty.add("layouts");
+      render();
+    }
     if (!answer.ok) {
       $("plans-why").textContent = answer.data.detail;
       return;
     }
     lastCompare = answer.data;
     renderCompare(answer.data);
+  }
+
+  /* ---------------------------------------------------------------- plan layouts */
+
+  /* A plan's stages, each with the group of devices serving it, their betas, and the planner's
+     notes (the markup of the compare page's _plan_layout.html, less the planner's name, which
+     its row shows; text, never markup). */
+  function layoutView(layout) {
+    const stages = h("ul", { class: "plan-stages" });
+    for (const st of layout.stages) {
+      const item = h("li", { "data-stage": st.stage, "data-replicas": st.replicas,
+                             class: st.replicas > 1 ? "is-group" : null },
+        h("span", { class: "stage-name" }, "stage " + st.stage), " ", h("span", { class: "stage-text" }, st.text));
+      for (const d of st.devices) {
+        if (!d.passes) continue;
+        item.append(h("div", { class: "passes", "data-device": d.device },
+          h("span", { class: "muted" }, d.label + ":"), " " + d.passes));
+      }
+      stages.append(item);
+    }
+    const notes = h("ul", { class: "plan-notes" });
+    for (const note of layout.notes) notes.append(h("li", null, note));
+    return h("div", { class: "plan-layout", "data-plan-layout": layout.plan },
+      h("div", { class: "plan-layout-head" }, h("span", { class: "muted" }, layout.summary)),
+      stages, layout.notes.length ? notes : null);
+  }
+
+  /* the stages the devices serve now: the newest re-partition's (a recovery or a dynamic
+     re-partition deploys them), else the chosen plan's; null before a plan is chosen */
+  function currentStages() {
+    for (let i = snap.faults.length - 1; i >= 0; i -= 1) {
+      const f = snap.faults[i];
+      if (f.kind === "repartitioned" && f.detail && Array.isArray(f.detail.stages)) {
+        return { stages: f.detail.stages, source: "re-partition" + (f.detail.generation === undefined
+          ? "" : " (gen " + f.detail.generation + ")") };
+      }
+    }
+    const layout = layouts[snap.run.chosen_plan];
+    if (!layout) return null;
+    return { stages: layout.stages.map(function (st) {
+      return { devices: st.devices.map(function (d) { return d.device; }), layers: st.layers };
+    }), source: layout.algorithm + " plan" };
+  }
+
+  /* the live Gantt's rows (and the idle chart's order) and each device's row */
+  function ganttRows() {
+    const current = currentStages();
+    const seen = new Set();
+    for (const e of snap.timeline) if (!(e.device in labels)) seen.add(e.device);
+    const rows = EP.charts.stageRows(current && current.stages, labels,
+      cfg.devices.map(function (d) { return d.device; }), Array.from(seen));
+    const index = {};
+    const rowLabels = {};
+    rows.forEach(function (r, i) { index[r.device] = i; rowLabels[r.device] = r.label; });
+    return { rows: rows, index: index, labels: rowLabels, source: current && current.source };
+  }
+
+  function groupText(stage) {
+    return (stage.devices || []).map(function (u) { return labels[u] || u; }).join(" + ");
+  }
+
+  /* the pipeline strip under the run's name: the current stages and their groups, else the
+     devices in the run's order */
+  function renderPipeline() {
+    const box = $("pipeline");
+    const current = currentStages();
+    box.replaceChildren();
+    $("pipeline-label").textContent = current ? "Pipeline (" + current.source + ")" : "Devices";
+    const parts = current
+      ? current.stages.map(function (st, k) {
+        const n = (st.devices || []).length;
+        return h("span", { class: "tag" + (n > 1 ? " tag-group" : ""), "data-stage": k },
+          "stage " + k + " · " + groupText(st) + (n > 1 ? " (" + n + " replicas)" : ""));
+      })
+      : cfg.devices.map(function (d, k) { return h("span", { class: "tag" }, k + " · " + d.label); });
+    parts.forEach(function (part, i) {
+      if (i) box.append(h("span", { class: "muted" }, " → "));
+      box.append(part);
+    });
   }
 
   function episodesOf(plan) {
@@ -213,6 +304,10 @@
                           "data-start-plan": row.plan }, "Start")
           : null));
       body.append(tr);
+      const layout = layouts[row.plan];
+      if (layout && row.status === "done") {
+        body.append(h("tr", { class: "sub" }, h("td", { colspan: 11, class: "small" }, layoutView(layout))));
+      }
       if (row.error) {
         body.append(h("tr", null, h("td", { colspan: 11, class: "small" },
           h("span", { class: "field-error" }, row.error))));
@@ -256,13 +351,17 @@
     }
     planGantts[row.plan] = "done";
     const t = answer.data;
+    const stages = [];
+    for (const r of t.rows) (stages[r.stage] = stages[r.stage] || { devices: [] }).devices.push(r.device);
+    const names = Object.assign({}, labels);
+    t.rows.forEach(function (r) { names[r.device] = r.label; });
+    const gantt = EP.charts.stageRows(stages, names, []);
     const rows = {};
     const rowLabels = {};
-    t.rows.forEach(function (r, i) { rows[r.device] = i; rowLabels[r.device] = r.label + " · s" + r.stage; });
-    const px = EP.charts.rowHeight(t.rows.length);
+    gantt.forEach(function (r, i) { rows[r.device] = i; rowLabels[r.device] = r.label; });
+    const px = EP.charts.rowHeight(gantt.length);
     const traces = EP.charts.ganttTraces(t.events, rows, { rowPx: px, labels: rowLabels });
-    const layout = EP.charts.ganttLayout(t.rows.map(function (r) { return { label: r.label + " · s" + r.stage }; }),
-      { height: px * t.rows.length + 60, legend: false });
+    const layout = EP.charts.ganttLayout(gantt, { height: px * gantt.length + 60, legend: false });
     layout.margin.b = 30;
     layout.xaxis.title.text = t.batches + " batches · " + t.microbatches + " micro-batches · " +
       fmt.num(t.throughput_sps) + " samples/s simulated";
@@ -367,12 +466,13 @@
     if (!hasData) return;
     const range = view.follow ? timelineRange() : view.userRange;
     loadGhosts(range[0], range[1]);
-    const px = EP.charts.rowHeight(cfg.rows.length);
-    const opts = { rowPx: px, labels: labels, xmin: range[0], xmax: range[1] };
-    const traces = EP.charts.ganttTraces(ghosts.events, rowIndex, Object.assign({ ghost: true }, opts))
-      .concat(EP.charts.ganttTraces(snap.timeline, rowIndex, opts));
-    const layout = EP.charts.ganttLayout(cfg.rows, {
-      height: px * cfg.rows.length + 90, xrange: range, uirevision: "live",
+    const gantt = ganttRows();
+    const px = EP.charts.rowHeight(gantt.rows.length);
+    const opts = { rowPx: px, labels: gantt.labels, xmin: range[0], xmax: range[1] };
+    const traces = EP.charts.ganttTraces(ghosts.events, gantt.index, Object.assign({ ghost: true }, opts))
+      .concat(EP.charts.ganttTraces(snap.timeline, gantt.index, opts));
+    const layout = EP.charts.ganttLayout(gantt.rows, {
+      height: px * gantt.rows.length + 90, xrange: range, uirevision: "live",
     });
     const marks = snap.faults.filter(function (f) { return f.at >= range[0] && f.at <= range[1]; });
     const labelled = marks.filter(function (f) { return f.kind in MARK_LABELS; });
@@ -399,7 +499,7 @@
         marker: { symbol: "triangle-down", size: 12,
                   color: marks.map(function (f) { return markStyle(f.kind).color; }) },
         text: marks.map(function (f) {
-          return "<b>" + f.kind + "</b>" + (f.device ? " · " + (labels[f.device] || f.device) : "") +
+          return "<b>" + f.kind + "</b>" + (f.device ? " · " + EP.esc(labels[f.device] || f.device) : "") +
             "<br>at " + f.at.toFixed(3) + " s" + (f.detail && Object.keys(f.detail).length
               ? "<br>" + EP.esc(JSON.stringify(f.detail)) : "");
         }),
@@ -476,9 +576,11 @@
     $("idle-empty").hidden = devices.length > 0;
     $("idle").hidden = devices.length === 0;
     if (!devices.length) return;
-    const order = cfg.rows.map(function (r) { return r.device; }).filter(function (d) { return d in idle.devices; })
-      .concat(devices.filter(function (d) { return !(d in rowIndex); }));
-    const names = order.map(function (d) { return labels[d] || d; });
+    const gantt = ganttRows();
+    const order = gantt.rows.map(function (r) { return r.device; }).filter(function (d) { return d in idle.devices; })
+      .concat(devices.filter(function (d) { return !(d in gantt.index); }).sort());
+    // category labels are markup to Plotly: escaped
+    const names = order.map(function (d) { return EP.esc(gantt.labels[d] || labels[d] || d); });
     const length = Math.max(1e-9, idle.window[1] - idle.window[0]);
     const traces = EP.charts.IDLE.map(function (part) {
       return {
@@ -494,7 +596,7 @@
       barmode: "stack", height: 70 + 34 * order.length + 40, font: EP.plotFont,
       margin: { l: 110, r: 16, t: 6, b: 60 },
       xaxis: { title: { text: "seconds of the window", font: { size: 11 } }, gridcolor: "#eef2f7" },
-      yaxis: { autorange: "reversed", fixedrange: true },
+      yaxis: { autorange: "reversed", fixedrange: true, automargin: true },
       legend: { orientation: "h", y: -0.35, font: { size: 11 }, traceorder: "normal" },
       plot_bgcolor: "#fff", paper_bgcolor: "#fff", uirevision: "idle",
     }, EP.plotConfig);
@@ -517,7 +619,7 @@
     return Object.keys(groups).sort().map(function (device) {
       return {
         type: "scatter", mode: "lines", x: groups[device].x, y: groups[device].y, yaxis: axis,
-        name: device ? name + " · " + (labels[device] || device) : name,
+        name: device ? name + " · " + EP.esc(labels[device] || device) : name,
         line: { width: 2, dash: dash || "solid", shape: "linear" },
         hovertemplate: "%{y:.4g}<extra>%{fullData.name}</extra>",
       };
@@ -635,7 +737,7 @@
     if (r.planner) parts.push(r.planner);
     if (r.stages) {
       parts.push(r.stages.map(function (st) {
-        return deviceNames(st.devices || []) + (st.layers ? " [" + st.layers.join("–") + "]" : "");
+        return groupText(st) + (st.layers ? " [" + st.layers.join("–") + "]" : "");
       }).join(" → "));
     }
     if (r.predicted_throughput_sps !== null) parts.push(fmt.num(r.predicted_throughput_sps) + " samples/s predicted");
@@ -715,7 +817,8 @@
   function renderRecoveryChart(list) {
     const rows = [];
     const moves = list.filter(function (r) { return r.moved; });
-    moves.forEach(function (r) { rows.push(recoveryLabel(r, list.indexOf(r))); });
+    // category labels are markup to Plotly: escaped (device names are anyone's text)
+    moves.forEach(function (r) { rows.push(EP.esc(recoveryLabel(r, list.indexOf(r)))); });
     const now = newestTime();
     const traces = PHASES.map(function (phase) {
       const trace = { type: "bar", orientation: "h", name: phase.label, x: [], base: [], y: [], text: [],
@@ -734,7 +837,7 @@
         trace.base.push(start);
         trace.y.push(rows[i]);
         trace.marker.color.push(open ? faint(phase.color) : phase.color);
-        trace.text.push(EP.esc(rows[i]) + "<br>" + phase.label + ": " + (open ? "under way, " : "") +
+        trace.text.push(rows[i] + "<br>" + phase.label + ": " + (open ? "under way, " : "") +
           fmt.seconds(stop - start) + "<br>" + start.toFixed(3) + " – " + (open ? "now" : stop.toFixed(3) + " s"));
       });
       return trace;
