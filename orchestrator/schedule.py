@@ -175,7 +175,8 @@ def _one_f_one_b_replica(stage: int, owner: Sequence[int], replica: int, lag: in
     micro-batch's way through the replica, which the other replicas' forwards wait for.
 
     On two lanes the updates a forward needs go before the backward listed just before it
-    (and its ``A``), so that the forward can run beside that backward."""
+    (and its ``A``), those of earlier micro-batches than that backward's, so that the forward
+    can run beside that backward."""
     mine = [m for m, r in enumerate(owner) if r == replica]
     acts: list[Action] = []
     applied = 0  # updates listed so far (every one of them, in micro-batch order)
@@ -197,7 +198,10 @@ def _one_f_one_b_replica(stage: int, owner: Sequence[int], replica: int, lag: in
                 start = len(acts)
                 apply_until(version)
                 if two_lanes and start >= 2 and acts[start - 2].kind == "B":
-                    acts[start - 2:] = acts[start:] + acts[start - 2:start]
+                    # the updates before the backward's own micro-batch
+                    j = acts[start - 2].microbatch
+                    early = [a for a in acts[start:] if a.microbatch < j]
+                    acts[start - 2:] = early + acts[start - 2:start] + acts[start + len(early):]
                 acts.append(Action(stage, "F", m))
                 forwards += 1
                 continue

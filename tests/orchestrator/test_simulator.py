@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from orchestrator.cost import CostModel, build_cost_model, needed_inflight
 from orchestrator.errors import PlanningError
 from orchestrator.events import COMPUTE_KINDS, steady_throughput_sps
-from orchestrator.formats import DeviceSet, Plan, Stage
+from orchestrator.formats import DeviceSet, Plan, Resource, Stage
 from orchestrator.partition import run_planner
 from orchestrator.schedule import reference_version
 from orchestrator.simulator import simulate
@@ -179,3 +179,34 @@ def test_steady_throughput_leaves_out_fill_and_drain() -> None:
     assert steady_throughput_sps(sim.events[:3], samples_per_microbatch=32) == 0.0
     with pytest.raises(ValueError, match="skip must be in"):
         steady_throughput_sps(sim.events, samples_per_microbatch=32, skip=0.5)
+
+
+@given(st.lists(st.integers(1, 3), min_size=1, max_size=4), st.integers(1, 24),
+       st.sampled_from(["1f1b", "gpipe"]), st.integers(0, 2), st.integers(0, 3),
+       st.lists(st.booleans(), min_size=12, max_size=12),
+       st.lists(st.floats(0.2, 5.0), min_size=12, max_size=12))
+def test_any_grouping_and_lanes_run_to_the_end(groups: list[int], microbatches: int,
+                                               schedule: str, extra_inflight: int,
+                                               extra_lag: int, lanes: list[bool],
+                                               speeds: list[float]) -> None:
+    """Whatever the groups, depths, lags and two-lane devices, the schedule does not
+    deadlock, and every micro-batch goes forward and back once per stage."""
+    names = [[f"s{k}r{r}" for r in range(n)] for k, n in enumerate(groups)]
+    devices = [make_device(d, speeds[i % 12], bandwidth_bps=1e6,
+                           resources=(Resource("cpu", speeds[i % 12], speeds[i % 12] / 2),
+                                      Resource("gpu", 1.0, 3.0)))
+               for i, d in enumerate(d for stage in names for d in stage)]
+    cm = build_cost_model(make_profile([(0.3, 0.6)] * len(groups), param_bytes=[10**5] *
+                                       len(groups), output_bytes=[10**4] * len(groups)),
+                          DeviceSet(devices=tuple(devices)))
+    two = [d.id for i, d in enumerate(devices) if lanes[i % 12]]
+    inflight = tuple(len(groups) - k + extra_inflight for k in range(len(groups)))
+    plan = Plan(algorithm="manual", schedule=schedule, microbatches=max(1, microbatches // 3),
+                stages=tuple(Stage((k, k), tuple(n)) for k, n in enumerate(names)),
+                beta={d: {"cpu": 0.7, "gpu": 0.2} for d in two} or None, inflight=inflight,
+                lag=tuple(d + extra_lag for d in inflight))
+    sim = simulate(cm, plan, microbatches=microbatches)
+    for k in range(len(groups)):
+        for kind in ("forward", "backward"):
+            assert sorted(e.microbatch for e in sim.events
+                          if e.stage == k and e.kind == kind) == list(range(microbatches))

@@ -295,14 +295,6 @@ def run_plan_layouts(*, run: Run) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- planned timelines
 
 
-# what a plan document carries for people only: the simulator is not told
-PLAN_DISPLAY_FIELDS = ("notes",)
-
-
-def _simulated_fields(document: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in document.items() if k not in PLAN_DISPLAY_FIELDS}
-
-
 def _plan_model(run: Run, plan: Plan) -> tuple[CostModel, PlanDocument]:
     """The cost model of the run's devices and the stored plan document, parsed; a Conflict
     (409) saying why when the plan cannot be simulated now."""
@@ -312,8 +304,8 @@ def _plan_model(run: Run, plan: Plan) -> tuple[CostModel, PlanDocument]:
                        action="simulate the plan")
     try:
         profile, devices = run_planning_inputs(run=run)
-        parsed = parse_plan(_simulated_fields(plan.document), profile=profile,
-                            devices=devices, file=f"plan {plan.pk}")
+        parsed = parse_plan(plan.document, profile=profile, devices=devices,
+                            file=f"plan {plan.pk}")
     except (PlanningError, FormatError) as exc:
         raise Conflict(f"plan {plan.pk} cannot be simulated: {exc}", state=plan.status,
                        action="simulate the plan") from None
@@ -333,15 +325,6 @@ def _simulated(run: Run, plan: Plan, batches: int) -> tuple[CostModel, PlanDocum
                           schedule=run.schedule, flush_every=run.microbatches)
     except RuntimeError as exc:  # a schedule the simulator cannot run to its end
         raise Conflict(f"plan {plan.pk} cannot be simulated: {exc}", state=plan.status,
-                       action="simulate the plan") from None
-    except KeyError as exc:
-        # a beta that leaves a device out (it runs its passes one after the other), which
-        # the simulator cannot run yet; any other KeyError is a bug and stays one
-        missing = exc.args[0] if exc.args else None
-        if parsed.beta is None or missing in parsed.beta or missing not in parsed.device_ids:
-            raise
-        raise Conflict(f"plan {plan.pk} cannot be simulated: the simulator needs a beta for "
-                       f"device {missing} too", state=plan.status,
                        action="simulate the plan") from None
     return cm, parsed, result
 

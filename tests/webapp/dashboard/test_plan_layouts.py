@@ -169,9 +169,8 @@ def test_the_compare_page_shows_names_as_text(browser: Client):
 
 
 def test_a_grouped_plans_planned_timeline(api: APIClient, grouped_run: Run):
-    """The notes are the planner's words for people: the simulator is not given them. The
-    rows are the stages' devices in pipeline order, replicas side by side, and the replicas
-    all-reduce."""
+    """The rows are the stages' devices in pipeline order, replicas side by side, and the
+    replicas share their gradients (the plan's notes are the planner's words for people)."""
     plan = grouped_run.chosen_plan
     answer = api.get(f"/api/dashboard/runs/{grouped_run.pk}/plans/{plan.pk}/timeline/")
     assert answer.status_code == 200, answer.json()
@@ -184,25 +183,19 @@ def test_a_grouped_plans_planned_timeline(api: APIClient, grouped_run: Run):
     assert ghosts.status_code == 200 and ghosts.json()["events"]
 
 
-def test_a_plan_the_simulator_cannot_run_says_why(api: APIClient, grouped_run: Run,
-                                                  monkeypatch):
-    """A beta that leaves a device out (it runs its passes one after the other) is a 409
-    naming it while the simulator needs a beta for every device; any other KeyError is a
-    bug and is not dressed up."""
+def test_a_plan_whose_beta_leaves_a_device_out_is_simulated(api: APIClient,
+                                                              grouped_run: Run) -> None:
+    """A device absent from a plan's beta runs its passes one after the other; the device
+    with a split runs them at once, on two lanes (its forward and backward bars overlap)."""
     plan = grouped_run.chosen_plan
-    Plan.objects.filter(pk=plan.pk).update(document={**GROUPED, "beta": {"a": {"cpu": 0.42}}})
+    Plan.objects.filter(pk=plan.pk).update(document={**GROUPED, "beta": {"a": {"cpu": 0.5}}})
+    answer = api.get(f"/api/dashboard/runs/{grouped_run.pk}/plans/{plan.pk}/timeline/")
+    assert answer.status_code == 200, answer.json()
+    events = answer.json()["events"]
 
-    def needs(missing: str):
-        def simulate(*args, **kwargs):
-            raise KeyError(missing)
-        return simulate
+    def overlaps(device: str) -> bool:
+        passes = sorted((e["start"], e["end"]) for e in events
+                        if e["device"] == device and e["kind"] in ("forward", "backward"))
+        return any(b[0] < a[1] - 1e-9 for a, b in zip(passes, passes[1:], strict=False))
 
-    path = f"/api/dashboard/runs/{grouped_run.pk}/plans/{plan.pk}/timeline/"
-    monkeypatch.setattr(selectors, "simulate", needs("c"))
-    answer = api.get(path)
-    assert answer.status_code == 409
-    assert answer.json()["detail"] == (f"plan {plan.pk} cannot be simulated: the simulator "
-                                       "needs a beta for device c too")
-    monkeypatch.setattr(selectors, "simulate", needs("something else"))
-    with pytest.raises(KeyError):
-        api.get(path)
+    assert overlaps("a") and not overlaps("b")
