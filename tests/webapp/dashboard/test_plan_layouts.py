@@ -5,6 +5,7 @@ timeline of such a plan (its replicas side by side, their all-reduce drawn)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from html import unescape
@@ -196,6 +197,6 @@ def test_a_plan_whose_beta_leaves_a_device_out_is_simulated(api: APIClient,
     def overlaps(device: str) -> bool:
         passes = sorted((e["start"], e["end"]) for e in events
                         if e["device"] == device and e["kind"] in ("forward", "backward"))
-        return any(b[0] < a[1] - 1e-9 for a, b in zip(passes, passes[1:], strict=False))
+        return any(b[0] < a[1] - 1e-9 for a, b in itertools.pairwise(passes))
 
     assert overlaps("a") and not overlaps("b")
