@@ -2,36 +2,40 @@
 dispatch table, exchanging activations, gradients and labels with its neighbours.
 
 - ``F`` (forward): stage 0 reads micro-batch m from the data set and sends its labels straight to
-  the last stage; other stages take the activation from the inbox. The output goes to the next
-  stage's device for m, or, on the last stage, into the loss (cross-entropy) and accuracy.
+  the last stage's device for m; other stages take the activation from the inbox. The output
+  goes to the next stage's device for m, or, on the last stage, into the loss (cross-entropy)
+  and accuracy.
 - ``B`` (backward): the last stage differentiates its loss; others take the gradient of their
   output from the inbox. The gradient of the input goes back to the previous stage's device.
-- ``U`` (update): SGD with momentum; each update is a new weight version.
-- ``A`` (all-reduce among a stage's replicas) is refused at deployment: this runtime runs one
-  device per stage.
+- ``A`` (replicas of a stage share gradients, agent.gradsync): under 1F1B this replica's
+  gradient of its micro-batch goes to the other replicas; under GPipe the replicas
+  ring-all-reduce what they accumulated over the batch.
+- ``U`` (update): SGD with momentum; each update is a new weight version. Under 1F1B a
+  replica also applies the updates of the micro-batches the other replicas own, with the
+  gradients they sent, so every replica holds the same weights at every version.
 
-Weight stashing (PipeDream, FTPipeHD): a forward runs on a snapshot of the weights of its version
-(cloned tensors put in the parameters' places for the call), and its backward differentiates
-that same graph, so updates in between never touch what a pending backward needs. A stage
-stashes only for the micro-batches whose action list has an update between their forward and
-backward: never under GPipe, never on a 1F1B stage with one micro-batch in flight (the last).
-Under 1F1B the gradient of micro-batch m (computed with the version m saw) is applied to the
-latest weights at its ``U``; under GPipe gradients accumulate until the flush's single
-update. With vertical sync
-every stage forwards micro-batch m with the version stage 0 used for it (carried in the message
-header), as PipeDream's vertical sync prescribes.
+Weight versions. A forward runs on the version its gate names (orchestrator.schedule.
+forward_gates): the weights holding that many of the list's updates. Weight stashing
+(PipeDream, FTPipeHD): a forward whose backward comes after an update runs on a snapshot of
+its version (cloned tensors put in the parameters' places for the call), and its backward
+differentiates that same graph, so updates in between never touch what it needs. Under 1F1B
+the gradient of micro-batch m is applied to the latest weights at its ``U``; under GPipe
+gradients accumulate until the flush's single update. Vertical sync (1F1B): every stage
+forwards m on the version stage 0 used for it (carried in the message header), and stage 0
+on the updates up to m - the pipeline's lag (StageSpec.pipeline_lag). FTPipeHD's weight
+aggregation (``aggregate_every``): every ``aggregate_every`` x D updates (D the stage's
+in-flight depth, the number of weight versions its concurrent micro-batches use) the stage's
+weights become the average of its last D versions.
 
-Every forward, backward and update becomes a timeline event (shared schema, run clock); the
-data plane reports sends and this executor records receives; the last stage reports loss and
-accuracy per micro-batch.
+Two lanes (Duan-Wu): on a device that splits its resources between the passes, forwards run
+on a thread of their own beside the backwards, updates and all-reduces, each lane paced to
+its share of the device (``lane_shares``) when the device is emulated, and given that share
+of torch's threads otherwise. Forwards then always run on snapshots (an update may change the
+live weights meanwhile).
 
-What a micro-batch costs the stage beyond its paced passes (``fixed_costs``): over the steady
-state (from the fifth of its backwards on), its time less what it waited (for a neighbour's
-message, or paused) and less what its passes should take (the emulated factor times their warm
-times), per micro-batch, and what its sends took each; and how much of it was spent inside the
-passes, beyond their paced time. The agent turns them into its device's ``overhead_s``,
-``message_s`` and ``pass_overhead_s`` for the model (docs/architecture.md, "A device's fixed
-overhead").
+Every forward, backward, update and aggregate becomes a timeline event (shared schema, run
+clock); the data plane reports sends and this executor records receives; the last stage
+reports loss and accuracy per micro-batch.
 """
 
 from __future__ import annotations
@@ -47,8 +51,11 @@ from torch import nn
 
 from agent.data import Dataset
 from agent.emulation import Slowdown
+from agent.fixedcosts import CostClock, FixedCosts
+from agent.gradsync import flatten, ring_all_reduce, send_gradients, unflatten
 from agent.optim import SGD
 from agent.transport import DataPlane, Message, encode_message
+from agent.versions import Aggregation, VersionError, WeightVersions
 from agent.weights import (
     Entry,
     Tensors,
@@ -60,7 +67,11 @@ from agent.weights import (
 )
 from orchestrator.events import TimelineEvent
 from orchestrator.formats import LayerTimes
-from orchestrator.schedule import Action, Schedule, build_schedule
+from orchestrator.protocol import ProtocolError, StageSpec
+from orchestrator.schedule import Action, ForwardGate, reference_version
+
+__all__ = ["Clock", "FixedCosts", "Metric", "StageError", "StageExecutor", "StageResult",
+           "StageSpec", "StageStopped", "check_spec"]
 
 
 class StageError(RuntimeError):
@@ -71,126 +82,13 @@ class StageStopped(StageError):
     """The stage was told to stop (or halt) while it waited: not a failure."""
 
 
-@dataclass(frozen=True)
-class StageSpec:
-    """Everything a device needs to run its stage of a run; sent by the server as JSON."""
-
-    run: int
-    device: str
-    stage: int
-    layers: tuple[int, int]
-    model: str
-    dataset: str
-    batch_size: int
-    schedule: str
-    stage_devices: tuple[tuple[str, ...], ...]
-    stage_times_s: tuple[tuple[float, ...], ...]
-    microbatches: int
-    flush_every: int | None = None
-    inflight: tuple[int, ...] | None = None
-    lr: float = 0.1
-    momentum: float = 0.0
-    seed: int = 0
-    vertical_sync: bool = False
-    receive_timeout_s: float = 60.0
-    # fault tolerance (docs/architecture.md, "Fault tolerance")
-    generation: int = 0
-    first_microbatch: int = 0  # resume point: this generation runs first_microbatch..end
-    chain_every: int = 0  # micro-batches applied between chain replicas (0: off)
-    global_every: int = 0  # micro-batches applied between replicas to the server (0: off)
-    suspect_factor: float = 4.0  # backward timer: late by this many average batch times
-    suspect_min_s: float = 0.5
-
-    @property
-    def num_stages(self) -> int:
-        return len(self.stage_devices)
-
-    @property
-    def first(self) -> bool:
-        return self.stage == 0
-
-    @property
-    def last(self) -> bool:
-        return self.stage == self.num_stages - 1
-
-    def build_schedule(self) -> Schedule:
-        """The schedule of this generation's micro-batches, numbered from 0 (the executor
-        adds ``first_microbatch``)."""
-        return build_schedule(name=self.schedule, stage_devices=self.stage_devices,
-                              stage_times_s=self.stage_times_s,
-                              microbatches=self.microbatches - self.first_microbatch,
-                              flush_every=self.flush_every, inflight=self.inflight)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"run": self.run, "device": self.device, "stage": self.stage,
-                "layers": list(self.layers), "model": self.model, "dataset": self.dataset,
-                "batch_size": self.batch_size, "schedule": self.schedule,
-                "stage_devices": [list(s) for s in self.stage_devices],
-                "stage_times_s": [list(t) for t in self.stage_times_s],
-                "microbatches": self.microbatches, "flush_every": self.flush_every,
-                "inflight": None if self.inflight is None else list(self.inflight),
-                "lr": self.lr, "momentum": self.momentum, "seed": self.seed,
-                "vertical_sync": self.vertical_sync,
-                "receive_timeout_s": self.receive_timeout_s, "generation": self.generation,
-                "first_microbatch": self.first_microbatch, "chain_every": self.chain_every,
-                "global_every": self.global_every, "suspect_factor": self.suspect_factor,
-                "suspect_min_s": self.suspect_min_s}
-
-    @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> StageSpec:
-        try:
-            spec = cls(
-                run=int(raw["run"]), device=str(raw["device"]), stage=int(raw["stage"]),
-                layers=(int(raw["layers"][0]), int(raw["layers"][1])), model=str(raw["model"]),
-                dataset=str(raw["dataset"]), batch_size=int(raw["batch_size"]),
-                schedule=str(raw["schedule"]),
-                stage_devices=tuple(tuple(str(d) for d in s) for s in raw["stage_devices"]),
-                stage_times_s=tuple(tuple(float(t) for t in s) for s in raw["stage_times_s"]),
-                microbatches=int(raw["microbatches"]),
-                flush_every=None if raw.get("flush_every") is None else int(raw["flush_every"]),
-                inflight=None if raw.get("inflight") is None else tuple(
-                    int(x) for x in raw["inflight"]),
-                lr=float(raw.get("lr", 0.1)), momentum=float(raw.get("momentum", 0.0)),
-                seed=int(raw.get("seed", 0)), vertical_sync=bool(raw.get("vertical_sync", False)),
-                receive_timeout_s=float(raw.get("receive_timeout_s", 60.0)),
-                generation=int(raw.get("generation", 0)),
-                first_microbatch=int(raw.get("first_microbatch", 0)),
-                chain_every=int(raw.get("chain_every", 0)),
-                global_every=int(raw.get("global_every", 0)),
-                suspect_factor=float(raw.get("suspect_factor", 4.0)),
-                suspect_min_s=float(raw.get("suspect_min_s", 0.5)))
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
-            raise StageError(f"malformed stage deployment: {exc!r}") from None
+def check_spec(spec: StageSpec) -> StageSpec:
+    """The spec, or a StageError saying why no device can run it."""
+    try:
         spec.check()
-        return spec
-
-    def check(self) -> None:
-        if not 0 <= self.stage < self.num_stages:
-            raise StageError(f"stage {self.stage} is not in 0..{self.num_stages - 1}")
-        if self.device not in self.stage_devices[self.stage]:
-            raise StageError(f"device {self.device!r} does not serve stage {self.stage}")
-        replicated = [k for k, s in enumerate(self.stage_devices) if len(s) > 1]
-        if replicated:
-            raise StageError(f"stage {replicated[0]} has several devices; this runtime runs one "
-                             "device per stage (choose a plan without replicated stages)")
-        if self.batch_size < 1 or self.microbatches < 1 or self.lr <= 0:
-            raise StageError("batch_size, microbatches and lr must be positive")
-        if not 0 <= self.first_microbatch < self.microbatches:
-            raise StageError(f"first_microbatch {self.first_microbatch} is not in "
-                             f"0..{self.microbatches - 1}")
-        if self.schedule == "gpipe" and self.first_microbatch % (self.flush_every or 1):
-            raise StageError("under gpipe a generation resumes at a batch boundary "
-                             f"(first_microbatch a multiple of {self.flush_every})")
-        if min(self.generation, self.chain_every, self.global_every) < 0 or not (
-                self.suspect_factor > 0 and self.suspect_min_s > 0):
-            raise StageError("generation, chain_every and global_every must not be negative, "
-                             "suspect_factor and suspect_min_s must be positive")
-
-    @property
-    def tag(self) -> str:
-        """The data-plane name of this generation's messages: a late activation of the
-        generation before a recovery is never taken for one of this generation."""
-        return f"g{self.generation}"
+    except ProtocolError as exc:
+        raise StageError(f"malformed stage deployment: {exc}") from None
+    return spec
 
 
 @dataclass
@@ -225,45 +123,14 @@ class _InFlight:
     params: list[torch.Tensor]
 
 
-STEADY_FROM = 0.2  # the fraction of a stage's backwards before its steady state (the fill)
-MIN_STEADY_MICROBATCHES = 20  # fewer in the steady state measure no fixed cost
-
-
-@dataclass(frozen=True)
-class Mark:
-    """The fixed cost's clock at a backward's end."""
-
-    at: float
-    waited_s: float
-    paced_s: float
-    passed_s: float
-    sent_s: float
-    sends: int
-    backwards: int
-
-
-@dataclass(frozen=True)
-class FixedCosts:
-    """What a stage measured over its steady state, per micro-batch beyond its paced passes
-    and waits (``fixed_s``, its sends included), and per send (``send_s``; None without
-    sends). ``pass_s``: the part of ``fixed_s`` spent inside the timed passes, beyond what
-    they should take (the loss, an autograd call's own cost, a sleep that woke late and could
-    not be repaid): their timeline events show it as the layers' work, which capacity
-    estimation must not count twice."""
-
-    microbatches: int
-    fixed_s: float
-    sends_per_microbatch: float
-    send_s: float | None
-    pass_s: float
-
-
 @dataclass
 class StageResult:
     forwards: list[int] = field(default_factory=list)
     backwards: list[int] = field(default_factory=list)
     updates: int = 0
     updated: list[int] = field(default_factory=list)  # micro-batches whose update was applied
+    versions: dict[int, int] = field(default_factory=dict)  # micro-batch -> forward's version
+    aggregated: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)
 
 
 Checkpoint = Callable[[int, dict[str, torch.Tensor], bool, bool], None]
@@ -288,12 +155,13 @@ class StageExecutor:
                  on_checkpoint: Checkpoint | None = None,
                  on_suspect: Callable[[int, float], None] | None = None,
                  warm: LayerTimes | None = None,
-                 optimizer_state: Tensors | None = None) -> None:
+                 optimizer_state: Tensors | None = None, threads: int | None = None) -> None:
         """``warm``: this machine's warm per-layer times for the model (the profiler's), by
         which an emulated ``slowdown`` paces the stage's passes; without them it multiplies
         what each pass took. ``optimizer_state``: the momentum buffers restored with the
-        weights, by parameter name (a resumed stage of a run with momentum needs them)."""
-        spec.check()
+        weights, by parameter name (a resumed stage of a run with momentum needs them).
+        ``threads``: torch's threads for this stage (split between two lanes)."""
+        check_spec(spec)
         if spec.first and dataset is None:
             raise StageError("the first stage needs the data set")
         if slowdown < 1.0:
@@ -305,7 +173,9 @@ class StageExecutor:
         self.dataset = dataset
         self.on_event = on_event or (lambda e: None)
         self.on_metric = on_metric or (lambda m: None)
-        self.emulation = Slowdown(slowdown)
+        self.threads = threads
+        self.lanes = spec.two_lane
+        self.set_slowdown(slowdown)
         a, e = spec.layers
         # the warm seconds of each timed kind of pass; the update's are in the backward's
         self.warm_s: dict[str, float] | None = None if warm is None else {
@@ -318,8 +188,13 @@ class StageExecutor:
             self.running.set()
         self.schedule = spec.build_schedule()
         first = spec.first_microbatch
+        own = self.schedule.actions[spec.device]
         self.actions: Sequence[Action] = [replace(a, microbatch=a.microbatch + first)
-                                          for a in self.schedule.actions[spec.device]]
+                                          for a in own]
+        # each forward's gate, by micro-batch (a device forwards each once)
+        self.gates: dict[int, ForwardGate] = {
+            self.actions[position].microbatch: gate
+            for position, gate in self.schedule.gates(spec.device).items()}
         self.store = store
         self.on_checkpoint = on_checkpoint or (lambda applied, tensors, chain, central: None)
         self.on_suspect = on_suspect or (lambda microbatch, waited: None)
@@ -337,26 +212,37 @@ class StageExecutor:
         self._restore_momentum(optimizer_state or {})
         # weight versions count updates: under 1F1B one per micro-batch, under GPipe one per flush
         self.per_version = (spec.flush_every or 1) if spec.schedule == "gpipe" else 1
-        self.version = first // self.per_version
-        self.snapshots: dict[int, list[torch.Tensor]] = {}
+        self.base_version = first // self.per_version
         self.stash_for = self._stash_needed()
+        self.versions = WeightVersions(
+            self.params, version=self.base_version, snapshots_only=self.lanes,
+            keep_every=spec.vertical_sync,
+            needed=[self.base_version + g.updates for g in self.gates.values()])
         self.in_flight: dict[int, _InFlight] = {}
         self.grads: dict[int, list[torch.Tensor]] = {}
         self.accumulated: list[torch.Tensor] | None = None
         self.accumulated_count = 0
         self.latest_header_version = self.version
+        self.aggregation = None if not spec.aggregate_every else Aggregation(
+            self.params, version=self.version, every=spec.aggregate_every,
+            window=(spec.num_stages - spec.stage if spec.inflight is None
+                    else spec.inflight[spec.stage]))
         self.result = StageResult()
-        # the fixed cost's clock (fixed_costs): seconds waited, seconds the passes should
-        # take, seconds and count of sends, and marks of them at the steady state's start and
-        # at the latest backward
-        self.waited_s = 0.0
-        self.paced_s = 0.0
-        self.passed_s = 0.0  # inside the timed passes
-        self.sent_s = 0.0  # in sends: encoding, handing to the data plane
-        self.sends = 0
-        self._steady_from = int(STEADY_FROM * sum(1 for a in self.actions if a.kind == "B"))
-        self._steady: Mark | None = None
-        self._latest: Mark | None = None
+        self.costs = CostClock(backwards=sum(1 for a in self.actions if a.kind == "B"))
+        # two lanes: how far the lane of everything but forwards has got
+        self.lane_state = threading.Condition()
+        self.others_started = 0
+        self.others_finished = 0
+        self.failure: BaseException | None = None
+
+    def set_slowdown(self, slowdown: float) -> None:
+        """Emulate a device ``slowdown`` times slower from the next pass on; on two lanes each
+        lane runs at its share of it."""
+        self.emulation = Slowdown(slowdown)
+        shares = self.spec.lane_shares if self.lanes and slowdown > 1 else None
+        self.lane_emulation = (None if shares is None else
+                               {"forward": Slowdown(slowdown / shares[0]),
+                                "other": Slowdown(slowdown / shares[1])})
 
     def _restore_momentum(self, buffers: Tensors) -> None:
         """Take up the momentum the stage's weights were trained with: a stage resumed past
@@ -389,9 +275,18 @@ class StageExecutor:
     # ---- the loop
 
     @property
+    def version(self) -> int:
+        """The live weights' version: how many updates they hold."""
+        return self.versions.version
+
+    @property
     def applied(self) -> int:
         """Micro-batches whose updates the live weights hold."""
         return self.version * self.per_version
+
+    @property
+    def waited_s(self) -> float:
+        return self.costs.waited_s
 
     def checkpoint(self, *, pinned: bool) -> dict[str, torch.Tensor] | None:
         """Keep the live weights at ``applied`` in the store (a replication point when
@@ -403,6 +298,12 @@ class StageExecutor:
                              tensors=tensors, pinned=pinned, generation=self.spec.generation))
         return tensors
 
+    @property
+    def replicates(self) -> bool:
+        """Does this device send the stage's replicas (its group's first: the others hold the
+        same weights)?"""
+        return self.spec.replicas[0] == self.spec.device
+
     def _after_update(self) -> None:
         if self.store is None:
             return
@@ -410,7 +311,7 @@ class StageExecutor:
         chain = bool(spec.chain_every) and applied % spec.chain_every == 0
         central = bool(spec.global_every) and applied % spec.global_every == 0
         tensors = self.checkpoint(pinned=chain or central)
-        if (chain or central) and tensors is not None:
+        if (chain or central) and tensors is not None and self.replicates:
             self.on_checkpoint(applied, tensors, chain, central)
         # stage 0 commits as it updates; a later stage may be asked for any version from the
         # oldest stage 0 can still be at (what its latest activation says) on
@@ -419,65 +320,108 @@ class StageExecutor:
 
     def run(self) -> StageResult:
         tensors = self.checkpoint(pinned=True)
-        if tensors is not None:  # the resume point goes to the next stage at once
+        if tensors is not None and self.replicates:  # the resume point goes on at once
             self.on_checkpoint(self.applied, tensors, bool(self.spec.chain_every), False)
-        for action in self.actions:
+        if not self.lanes:
+            self._run_lane(self.actions)
+        else:
+            forwards = [a for a in self.actions if a.kind == "F"]
+            others = [a for a in self.actions if a.kind != "F"]
+            share = self.spec.lane_shares or (1.0, 1.0)
+            lane = threading.Thread(target=self._lane_thread, args=(forwards, share[0]),
+                                    name=f"run-{self.spec.run}-forwards", daemon=True)
+            lane.start()
+            try:
+                self._lane_threads(share[1])
+                self._run_lane(others)
+            except BaseException as exc:
+                self._fail(exc)
+            lane.join()
+            if self.failure is not None:
+                raise self.failure
+        self.plane.flush(timeout_s=self.spec.receive_timeout_s)
+        return self.result
+
+    def _lane_threads(self, share: float) -> None:
+        if self.threads:
+            torch.set_num_threads(max(1, round(self.threads * share)))
+
+    def _lane_thread(self, actions: list[Action], share: float) -> None:
+        try:
+            self._lane_threads(share)
+            self._run_lane(actions)
+        except BaseException as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        """One lane failed: the other stops at its next wait."""
+        with self.lane_state:
+            if self.failure is None:
+                self.failure = exc
+            self.lane_state.notify_all()
+
+    def _run_lane(self, actions: Sequence[Action]) -> None:
+        for action in actions:
             if not self.running.is_set():
                 begun = time.perf_counter()
                 while not self.running.wait(0.1) and not self.stop.is_set():
                     pass
-                self.waited_s += time.perf_counter() - begun
-            if self.stop.is_set():
+                self.costs.waited_s += time.perf_counter() - begun
+            if self.stop.is_set() or self.failure is not None:
                 break
             name = HANDLERS.get(action.kind)
             if name is None:
                 raise StageError(f"unknown action {action}")
+            if action.kind == "F":
+                self._gate(self.gates[action.microbatch])
+                getattr(self, name)(action)
+                continue
+            with self.lane_state:
+                self.others_started += 1
+                self.lane_state.notify_all()
             getattr(self, name)(action)
-        self.plane.flush(timeout_s=self.spec.receive_timeout_s)
-        return self.result
+            with self.lane_state:
+                self.others_finished += 1
+                self.lane_state.notify_all()
+
+    def _gate(self, gate: ForwardGate) -> None:
+        """On two lanes: wait until the other lane has got as far as the forward needs."""
+        if not self.lanes:
+            return
+        begun = time.perf_counter()
+        with self.lane_state:
+            while (self.others_started < gate.started or self.others_finished < gate.finished
+                   ) and self.failure is None:
+                if self.stop.is_set():
+                    raise StageStopped(f"stage {self.spec.stage} stopped")
+                self.lane_state.wait(0.1)
+        self.costs.waited_s += time.perf_counter() - begun
 
     def fixed_costs(self) -> FixedCosts | None:
         """What a micro-batch cost this stage beyond its paced passes and its waits, over the
-        steady state; None without warm times or with fewer than MIN_STEADY_MICROBATCHES
-        micro-batches in it."""
-        if self.warm_s is None or self._steady is None or self._latest is None:
+        steady state (agent.fixedcosts); None without warm times, on two lanes, or with too
+        few micro-batches."""
+        if self.warm_s is None or self.lanes:
             return None
-        start, end = self._steady, self._latest
-        count = end.backwards - start.backwards
-        if count < MIN_STEADY_MICROBATCHES:
-            return None
-        busy = (end.at - start.at) - (end.waited_s - start.waited_s)
-        sent = end.sent_s - start.sent_s
-        sends = end.sends - start.sends
-        paced = end.paced_s - start.paced_s
-        fixed = max(0.0, (busy - paced) / count)
-        return FixedCosts(
-            microbatches=count, fixed_s=fixed,
-            sends_per_microbatch=sends / count, send_s=sent / sends if sends else None,
-            pass_s=min(fixed, max(0.0, (end.passed_s - start.passed_s - paced) / count)))
-
-    def _mark(self) -> None:
-        mark = Mark(at=time.perf_counter(), waited_s=self.waited_s, paced_s=self.paced_s,
-                    passed_s=self.passed_s, sent_s=self.sent_s, sends=self.sends,
-                    backwards=len(self.result.backwards))
-        if mark.backwards == self._steady_from + 1:
-            self._steady = mark
-        self._latest = mark
+        return self.costs.costs()
 
     # ---- helpers
 
-    def _receive(self, kind: str, microbatch: int, timeout_s: float | None = None) -> Message:
+    def _receive(self, kind: str, microbatch: int, timeout_s: float | None = None,
+                 name: str | None = None) -> Message:
         begun = time.perf_counter()
         try:
-            return self.plane.receive(self.spec.run, kind, microbatch, name=self.spec.tag,
+            return self.plane.receive(self.spec.run, kind, microbatch,
+                                      name=name or self.spec.tag,
                                       timeout_s=timeout_s or self.spec.receive_timeout_s,
-                                      cancelled=self.stop.is_set)
+                                      cancelled=lambda: self.stop.is_set()
+                                      or self.failure is not None)
         except TimeoutError as exc:
-            if self.stop.is_set():
+            if self.stop.is_set() or self.failure is not None:
                 raise StageStopped(f"stage {self.spec.stage} stopped") from None
             raise StageError(f"stage {self.spec.stage}: {exc}") from None
         finally:
-            self.waited_s += time.perf_counter() - begun
+            self.costs.waited_s += time.perf_counter() - begun
 
     def _suspect_after(self) -> float | None:
         """FTPipeHD's backward timer: how long stage 0 waits for a gradient before it suspects
@@ -523,10 +467,12 @@ class StageExecutor:
         begun = time.perf_counter()
         out = work()
         warm_s = None if self.warm_s is None else self.warm_s[kind]
-        self.emulation.after(time.perf_counter() - begun, warm_s=warm_s)
+        emulation = self.emulation if self.lane_emulation is None else self.lane_emulation[
+            "forward" if kind == "forward" else "other"]
+        emulation.after(time.perf_counter() - begun, warm_s=warm_s)
         if warm_s is not None:
-            self.paced_s += self.emulation.factor * warm_s
-        self.passed_s += time.perf_counter() - begun
+            self.costs.paced_s += emulation.factor * warm_s
+        self.costs.passed_s += time.perf_counter() - begun
         self.on_event(TimelineEvent(self.spec.run, self.spec.device, self.spec.stage, kind,
                                     microbatch, version, start, self.clock.now()))
         return out
@@ -539,8 +485,8 @@ class StageExecutor:
             run=self.spec.run, kind=kind, microbatch=microbatch, version=version, tensor=tensor,
             name=self.spec.tag, sent_at=self.clock.absolute())
         self.plane.send(peer, frames, header=header)
-        self.sent_s += time.perf_counter() - begun
-        self.sends += 1
+        self.costs.sent_s += time.perf_counter() - begun
+        self.costs.sends += 1
 
     def _stash_needed(self) -> dict[int, bool]:
         """For each micro-batch this device forwards: does an update come between its forward
@@ -558,16 +504,6 @@ class StageExecutor:
                     needed[m] = True
         return needed
 
-    def _weights(self, version: int) -> list[torch.Tensor]:
-        """The (stashed) weights of a version, as leaves autograd can differentiate."""
-        if version not in self.snapshots:
-            if version != self.version:
-                raise StageError(f"weight version {version} is no longer stashed "
-                                 f"(current {self.version})")
-            self.snapshots[version] = [p.detach().clone().requires_grad_(True)
-                                       for p in self.params]
-        return self.snapshots[version]
-
     def _call(self, params: list[torch.Tensor], inputs: torch.Tensor) -> torch.Tensor:
         """The stage's forward with ``params`` in its parameters' places."""
         if params is self.params:
@@ -582,14 +518,23 @@ class StageExecutor:
                 owner._parameters[name] = original
         return out
 
-    def _prune_snapshots(self) -> None:
-        needed = {f.version for f in self.in_flight.values()}
-        needed.add(self.version)
-        if self.spec.vertical_sync:
-            floor = min([*needed, self.latest_header_version])
-            needed |= {v for v in self.snapshots if v >= floor}
-        for version in [v for v in self.snapshots if v not in needed]:
-            del self.snapshots[version]
+    def _gated(self, m: int) -> int:
+        """The version the forward of m runs on by its gate."""
+        return self.base_version + self.gates[m].updates
+
+    def _forward_version(self, m: int, header_version: int | None) -> int:
+        """The version this forward runs on (module docstring, "Weight versions")."""
+        gate = self._gated(m)
+        if not self.spec.vertical_sync or self.spec.schedule != "1f1b":
+            return gate
+        if header_version is None:  # stage 0: the updates up to m - the pipeline's lag
+            m_local = m - self.spec.first_microbatch
+            return min(gate, self.base_version + reference_version(m_local,
+                                                                   self.spec.pipeline_lag))
+        if header_version > gate:
+            raise StageError(f"vertical sync: micro-batch {m} came with version "
+                             f"{header_version}; this stage has only {gate} for it")
+        return header_version
 
     # ---- the actions
 
@@ -599,7 +544,8 @@ class StageExecutor:
         if self.spec.first:
             assert self.dataset is not None
             inputs, labels = self.dataset.microbatch(m, self.spec.batch_size, seed=self.spec.seed)
-            header_version = self.version
+            version = self._forward_version(m, None)
+            header_version = version
             if not self.spec.last:
                 self._send("labels", self.spec.num_stages - 1, m, header_version, labels)
         else:
@@ -608,13 +554,16 @@ class StageExecutor:
             inputs = message.tensor.requires_grad_(True)
             header_version = message.header.version
             self.latest_header_version = max(self.latest_header_version, header_version)
-        version = header_version if self.spec.vertical_sync else self.version
+            version = self._forward_version(m, header_version)
         if self.spec.last and labels is None:
             label_message = self._receive("labels", m)
             self._record_receive(label_message, k)
             labels = label_message.tensor
         stash = self.spec.vertical_sync or self.stash_for.get(m, False)
-        params = self._weights(version) if stash else self.params
+        try:
+            params = self.versions.weights(version, stash=stash, gated=self._gated(m))
+        except VersionError as exc:
+            raise StageError(str(exc)) from None
 
         def work() -> tuple[torch.Tensor, torch.Tensor]:
             out = self._call(params, inputs)
@@ -632,23 +581,36 @@ class StageExecutor:
             now = self.clock.now()
             self.on_metric(Metric("loss", output.item(), m, now))
             self.on_metric(Metric("accuracy", accuracy, m, now))
-        self.in_flight[m] = _InFlight(version=version, header_version=header_version,
-                                      inputs=inputs, output=output, params=params)
+        with self.lane_state:
+            self.in_flight[m] = _InFlight(version=version, header_version=header_version,
+                                          inputs=inputs, output=output, params=params)
+            self.lane_state.notify_all()
         self.result.forwards.append(m)
+        self.result.versions[m] = version
         if not self.spec.last:
             self._send("activation", k + 1, m, header_version, output.detach())
 
+    def _take_in_flight(self, m: int) -> _InFlight:
+        """The forward of m's state (on two lanes the last stage's backward may come before
+        its forward has ended: it waits for it)."""
+        with self.lane_state:
+            while m not in self.in_flight:
+                if not self.lanes or self.failure is not None:
+                    raise StageError(f"backward of micro-batch {m} before its forward")
+                if self.stop.is_set():
+                    raise StageStopped(f"stage {self.spec.stage} stopped")
+                self.lane_state.wait(0.1)
+            return self.in_flight.pop(m)
+
     def backward(self, action: Action) -> None:
         k, m = action.stage, action.microbatch
-        flight = self.in_flight.pop(m, None)
-        if flight is None:
-            raise StageError(f"backward of micro-batch {m} before its forward")
         upstream: torch.Tensor | None = None
         if not self.spec.last:
             message = (self._receive_gradient(m) if self.spec.first
                        else self._receive("gradient", m))
             self._record_receive(message, k)
             upstream = message.tensor
+        flight = self._take_in_flight(m)
         wrt = flight.params
         needs_input_grad = not self.spec.first
 
@@ -673,7 +635,47 @@ class StageExecutor:
         else:
             self.grads[m] = param_grads
         self.result.backwards.append(m)
-        self._mark()
+        self.costs.mark(len(self.result.backwards))
+
+    def all_reduce(self, action: Action) -> None:
+        """Share gradients with the stage's other replicas (agent.gradsync)."""
+        spec, m = self.spec, action.microbatch
+        peers = [d for d in spec.replicas if d != spec.device]
+        start = self.clock.now()
+        if spec.schedule == "1f1b":
+            sent = send_gradients(self.plane, run=spec.run, name=spec.tag, microbatch=m,
+                                  version=self.version, grads=self.grads[m], peers=peers,
+                                  sent_at=self.clock.absolute)
+        else:
+            like = self.params
+            held = self.accumulated or [torch.zeros_like(p) for p in like]
+            flat = torch.cat([flatten(held, dtype=like[0].dtype),
+                              torch.tensor([float(self.accumulated_count)], dtype=like[0].dtype)])
+            total, sent = ring_all_reduce(
+                flat, group=spec.replicas, me=spec.device,
+                send=lambda peer, step, chunk: self._send_chunk(peer, m, step, chunk),
+                receive=lambda step: self._receive(
+                    "grads", m, name=f"{spec.tag}:{step}").tensor)
+            # the replicas' summed gradients and micro-batches: the update takes the average
+            self.accumulated = unflatten(total[:-1], like)
+            self.accumulated_count = round(float(total[-1]))
+        self.on_event(TimelineEvent(spec.run, spec.device, spec.stage, "aggregate", m,
+                                    self.version, start, self.clock.now(), sent))
+
+    def _send_chunk(self, peer: str, microbatch: int, step: str, chunk: torch.Tensor) -> None:
+        header, frames = encode_message(
+            run=self.spec.run, kind="grads", microbatch=microbatch, version=self.version,
+            tensor=chunk, name=f"{self.spec.tag}:{step}", sent_at=self.clock.absolute())
+        self.plane.send(peer, frames, header=header)
+
+    def _peer_gradients(self, m: int) -> list[torch.Tensor]:
+        """The gradients of micro-batch m, which another replica owns and sent."""
+        message = self._receive("grads", m)
+        self._record_receive(message, self.spec.stage)
+        try:
+            return unflatten(message.tensor, self.params)
+        except ValueError as exc:
+            raise StageError(f"stage {self.spec.stage}, micro-batch {m}: {exc}") from None
 
     def update(self, action: Action) -> None:
         m = action.microbatch
@@ -683,10 +685,11 @@ class StageExecutor:
             grads = [g / self.accumulated_count for g in self.accumulated]
             self.accumulated, self.accumulated_count = None, 0
         else:
-            grads = self.grads.pop(m)
+            grads = self.grads.pop(m) if m in self.grads else self._peer_gradients(m)
 
         def work() -> None:
-            self.optimizer.step(grads)
+            with self.versions.lock:
+                self.optimizer.step(grads)
 
         before = self.applied
         if self.spec.schedule != "gpipe" and m != before:
@@ -694,13 +697,16 @@ class StageExecutor:
                              "updates must come in micro-batch order")
         self._timed("update", m, self.version, work)
         self._keep_momentum()
-        self.version += 1
+        if self.aggregation is not None:
+            start = self.clock.now()
+            averaged = self.aggregation.after_update(self.version + 1, self.versions.lock)
+            if averaged is not None:
+                self.result.aggregated.append((self.version + 1, averaged))
+                self.on_event(TimelineEvent(self.spec.run, self.spec.device, self.spec.stage,
+                                            "aggregate", m, self.version + 1, start,
+                                            self.clock.now()))
+        self.versions.updated(in_flight=[f.version for f in list(self.in_flight.values())],
+                              floor=self.latest_header_version)
         self.result.updates += 1
         self.result.updated.extend(range(before, self.applied))
         self._after_update()
-        if self.spec.vertical_sync:
-            self._weights(self.version)  # every version may be asked for by a later micro-batch
-        self._prune_snapshots()
-
-    def all_reduce(self, action: Action) -> None:
-        raise StageError(f"{action}: this runtime runs one device per stage")

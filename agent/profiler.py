@@ -201,9 +201,10 @@ def measure_overhead(*, slowdown: float = 1.0, microbatches: int = 200,
     the MLP alone trained 1.34x faster than predicted from the overhead of the tiny probe).
     """
     from agent.data import digits
-    from agent.executor import Clock, StageExecutor, StageSpec
+    from agent.executor import Clock, StageExecutor
     from agent.transport import DataPlane
     from agent.zoo import ZooLayer, ZooModel
+    from orchestrator.protocol import StageSpec
 
     layer = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
     model = ZooModel(name="overhead-probe", input_shape=(1, 8, 8), num_classes=10,

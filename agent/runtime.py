@@ -55,8 +55,7 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from agent.config import AgentConfig, websocket_url
 from agent.data import DataError, Dataset, load_dataset
-from agent.emulation import Slowdown
-from agent.executor import Clock, Metric, StageError, StageExecutor, StageSpec, StageStopped
+from agent.executor import Clock, Metric, StageError, StageExecutor, StageStopped
 from agent.profiler import measure_message_cost, measure_overhead, profile_model, warm_times
 from agent.transport import DataPlane, SendRecord, Shaping, encode
 from agent.transport import Message as DataMessage
@@ -74,6 +73,7 @@ from agent.weights import (
 from agent.zoo import build_model
 from orchestrator.events import TimelineEvent
 from orchestrator.formats import LayerTimes, parse_layer_times
+from orchestrator.protocol import ProtocolError, StageSpec
 
 log = logging.getLogger("edgepipe.agent")
 
@@ -238,8 +238,9 @@ class AgentRuntime:
         self.rate_window[run] = (now, 0, 0)
         at = deployment.clock.now()
         out = [{"at": at, "kind": "network_bps", "device": self.uid, "value": sent / (now - since)}]
-        if deployment.spec.last:
-            out.append({"at": at, "kind": "throughput_sps", "device": "",
+        if deployment.spec.last:  # a replica of the last stage: its own share, by device
+            out.append({"at": at, "kind": "throughput_sps",
+                        "device": self.uid if deployment.spec.replicated else "",
                         "value": samples / (now - since)})
         return out
 
@@ -373,14 +374,19 @@ class AgentRuntime:
         return self.warm[key]
 
     def _deploy(self, command: Message) -> Message:
-        spec = StageSpec.from_json(command["spec"])
+        try:
+            spec = StageSpec.from_json(command.get("spec"))
+        except ProtocolError as exc:
+            raise StageError(f"malformed stage deployment: {exc}") from None
         if spec.device != self.uid:
             raise StageError(f"this agent is device {self.uid}; the stage is for {spec.device}")
         if spec.run in self.deployments:
             raise StageError(f"run {spec.run} is already deployed here")
         peers = command.get("peers") or {}
-        neighbours = {d for k in (spec.stage - 1, spec.stage + 1, spec.num_stages - 1,
-                                  (spec.stage + 1) % spec.num_stages)
+        # the stages before and after it, the last (labels), the next one round (chain
+        # replicas) and its own group (gradients)
+        neighbours = {d for k in (spec.stage - 1, spec.stage, spec.stage + 1,
+                                  spec.num_stages - 1, (spec.stage + 1) % spec.num_stages)
                       if 0 <= k < spec.num_stages for d in spec.stage_devices[k]} - {self.uid}
         missing = sorted(d for d in neighbours if not isinstance(peers.get(d), str))
         if missing:
@@ -406,7 +412,7 @@ class AgentRuntime:
             dataset=data if spec.first else None, on_event=self._event,
             on_metric=lambda m: self._metric(spec.run, m), slowdown=self.config.slowdown,
             warm=self._warm_times(spec.model, spec.dataset, spec.batch_size),
-            stop=deployment_stop, running=running, store=store,
+            stop=deployment_stop, running=running, store=store, threads=self.config.threads,
             optimizer_state=momentum_state(restored),
             on_checkpoint=lambda applied, tensors, chain, central: self._replicate(
                 spec, applied, tensors, chain=chain, central=central),
@@ -744,7 +750,7 @@ class AgentRuntime:
             raise StageError("emulate needs slowdown, a number from 1 to 1000")
         self.config = replace(self.config, slowdown=float(slowdown))
         for deployment in list(self.deployments.values()):
-            deployment.executor.emulation = Slowdown(float(slowdown))
+            deployment.executor.set_slowdown(float(slowdown))
         log.warning("now emulating a device %gx slower", slowdown)
         return {"ok": True, "slowdown": float(slowdown)}
 

@@ -44,7 +44,7 @@ DTYPES: dict[str, torch.dtype] = {
     "bool": torch.bool,
 }
 _NAMES = {v: k for k, v in DTYPES.items()}
-KINDS = ("activation", "gradient", "labels", "weights", "probe")
+KINDS = ("activation", "gradient", "labels", "weights", "probe", "grads")
 MAX_HEADER_BYTES = 4096
 DEFAULT_MAX_MESSAGE_BYTES = 512 * 1024 * 1024
 

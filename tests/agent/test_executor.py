@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from agent.data import load_dataset
-from agent.executor import Clock, FixedCosts, Metric, StageError, StageExecutor, StageSpec
+from agent.executor import Clock, FixedCosts, Metric, StageError, StageExecutor
 from agent.transport import DataPlane
 from agent.zoo import build_model
 from orchestrator.events import EVENT_KINDS, TimelineEvent
 from orchestrator.formats import LayerTimes
+from orchestrator.protocol import ProtocolError, StageSpec
 from orchestrator.schedule import Action
 from tests.agent.stages import run_stages
 
@@ -109,12 +110,18 @@ def spec(**overrides: object) -> StageSpec:
 
 
 def test_deployments_it_cannot_run_are_refused() -> None:
-    with pytest.raises(StageError, match="does not serve stage 1"):
-        spec(stage=1).check()
-    with pytest.raises(StageError, match="one device per stage"):
-        spec(stage_devices=(("a", "c"), ("b",)), stage_times_s=((1.0, 1.0), (1.0,))).check()
-    with pytest.raises(StageError, match="malformed stage deployment"):
-        StageSpec.from_json({"run": 1})
+    with pytest.raises(ProtocolError, match="device: does not serve stage 1"):
+        spec(stage=1)
+    with pytest.raises(ProtocolError, match="stage_devices: names a device twice"):
+        spec(stage_devices=(("a", "b"), ("b",)), stage_times_s=((1.0, 1.0), (1.0,)))
+    with pytest.raises(ProtocolError, match="lane_shares: goes with a device on two lanes"):
+        spec(lane_shares=(0.5, 0.5))
+    with pytest.raises(ProtocolError, match="run: is missing from the stage spec"):
+        StageSpec.from_json({"device": "a"})
+    with pytest.raises(ProtocolError, match="colour: is not a field of the stage spec"):
+        StageSpec.from_json({**spec().to_json(), "colour": "red"})
+    replicated = spec(stage_devices=(("a", "c"), ("b",)), stage_times_s=((1.0, 1.0), (1.0,)))
+    assert StageSpec.from_json(replicated.to_json()) == replicated
     assert StageSpec.from_json(spec().to_json()) == spec()
     plane = DataPlane(bind="tcp://127.0.0.1:0")
     try:

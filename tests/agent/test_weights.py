@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from agent.data import load_dataset
-from agent.executor import Clock, StageError, StageExecutor, StageSpec
+from agent.executor import Clock, StageError, StageExecutor
 from agent.transport import DataPlane
 from agent.weights import (
     Entry,
@@ -27,6 +27,7 @@ from agent.weights import (
 )
 from agent.zoo import build_model
 from orchestrator.events import TimelineEvent
+from orchestrator.protocol import ProtocolError, StageSpec
 from tests.agent.stages import run_stages
 
 DIGITS = load_dataset("digits")
@@ -184,11 +185,11 @@ def test_a_stage_resumed_under_momentum_without_its_buffers_is_refused() -> None
 
 
 def test_a_resume_point_off_a_batch_boundary_is_refused_under_gpipe() -> None:
-    with pytest.raises(StageError, match="batch boundary"):
+    with pytest.raises(ProtocolError, match="batch boundary"):
         StageSpec(run=1, device="d0", stage=0, layers=(0, 3), model="mlp", dataset="digits",
                   batch_size=32, schedule="gpipe", stage_devices=(("d0",),),
                   stage_times_s=((1.0,),), microbatches=16, flush_every=4,
-                  first_microbatch=6).check()
+                  first_microbatch=6)
 
 
 def test_stage_0_s_backward_timer_suspects_a_device_that_stops_answering() -> None:

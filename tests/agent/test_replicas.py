@@ -1,0 +1,236 @@
+"""Stages on groups of devices and on two lanes train what one device would: real stages, real
+data, real ZeroMQ, compared weight for weight with a pipeline of one device per stage."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from agent.data import load_dataset
+from agent.executor import Clock, Metric, StageExecutor, StageResult
+from agent.transport import DataPlane
+from agent.zoo import build_model
+from orchestrator.events import TimelineEvent
+from orchestrator.protocol import StageSpec
+from orchestrator.schedule import reference_version
+from tests.agent.stages import run_stages
+
+DIGITS = load_dataset("digits")
+
+
+@dataclass
+class Trained:
+    """What a pipeline run left: each device's final weights of its stage, results, events."""
+
+    weights: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+    results: dict[str, StageResult] = field(default_factory=dict)
+    events: list[TimelineEvent] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+
+
+def train(layers: Sequence[tuple[int, int]], groups: Sequence[Sequence[str]], *,
+          schedule: str = "1f1b", microbatches: int = 24, flush_every: int | None = None,
+          inflight: Sequence[int] | None = None, lag: Sequence[int] | None = None,
+          two_lanes: Sequence[str] = (), times: dict[str, float] | None = None,
+          momentum: float = 0.9, vertical_sync: bool = False,
+          aggregate_every: int = 0) -> Trained:
+    """Train the MLP on the digits over stages of ``layers`` served by ``groups`` of devices,
+    each device on its own model copy (built from one seed), each on its own thread."""
+    torch.set_num_threads(1)
+    devices = [d for g in groups for d in g]
+    planes = {d: DataPlane(bind="tcp://127.0.0.1:0") for d in devices}
+    for d in devices:
+        for peer in devices:
+            if peer != d:
+                planes[d].connect(peer, planes[peer].address)
+    clock = Clock(started_at=time.time())
+    trained = Trained()
+    metrics: list[Metric] = []
+    errors: list[BaseException] = []
+    where = {d: k for k, g in enumerate(groups) for d in g}
+    # each device's copy of its stage, built here: the global random state is not threads'
+    modules = {d: build_model("mlp", input_shape=DIGITS.input_shape, num_classes=10,
+                              seed=0).stage(*layers[where[d]]) for d in devices}
+
+    def run(i: int) -> None:
+        device = devices[i]
+        k = where[device]
+        spec = StageSpec(
+            run=1, device=device, stage=k, layers=layers[k], model="mlp", dataset="digits",
+            batch_size=16, schedule=schedule, stage_devices=tuple(tuple(g) for g in groups),
+            stage_times_s=tuple(tuple((times or {}).get(d, 1.0) for d in g) for g in groups),
+            microbatches=microbatches, flush_every=flush_every,
+            inflight=None if inflight is None else tuple(inflight),
+            lag=None if lag is None else tuple(lag), two_lanes=tuple(two_lanes),
+            lane_shares=(0.5, 0.5) if device in two_lanes else None, lr=0.05,
+            momentum=momentum, vertical_sync=vertical_sync, aggregate_every=aggregate_every,
+            receive_timeout_s=30)
+        module = modules[device]
+        try:
+            executor = StageExecutor(spec, module=module, plane=planes[device], clock=clock,
+                                     dataset=DIGITS if k == 0 else None,
+                                     on_event=trained.events.append, on_metric=metrics.append)
+            trained.results[device] = executor.run()
+            trained.weights[device] = [p.detach().clone() for p in module.parameters()]
+        except BaseException as exc:  # surfaced by the assertion below
+            errors.append(exc)
+
+    run_stages(run, len(devices), planes.values())
+    assert not errors, errors
+    trained.losses = [m.value for m in sorted(metrics, key=lambda m: m.microbatch)
+                      if m.name == "loss"]
+    return trained
+
+
+def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("shares", [(1.0, 1.0), (1.0, 3.0)])
+def test_replicated_1f1b_trains_bit_for_bit_what_one_device_does(
+        shares: tuple[float, float]) -> None:
+    # the second stage on two replicas (sharing micro-batches evenly, or 3:1 by speed) whose
+    # forwards lag 4 behind, the first keeping 5 in flight: the same as one device per stage
+    # keeping 5 and 4 in flight, to the bit, with momentum
+    layers = [(0, 1), (2, 3)]
+    times = {"b1": shares[0], "b2": shares[1]}
+    replicated = train(layers, [["a"], ["b1", "b2"]], inflight=(5, 1), lag=(5, 4),
+                       times=times)
+    single = train(layers, [["a"], ["b"]], inflight=(5, 4))
+    assert replicated.losses == single.losses
+    assert same(replicated.weights["a"], single.weights["a"])
+    for replica in ("b1", "b2"):
+        assert same(replicated.weights[replica], single.weights["b"])
+        # every replica applied every micro-batch's update, in order, once
+        assert replicated.results[replica].updated == list(range(24))
+    owned = [replicated.results[r].forwards for r in ("b1", "b2")]
+    assert sorted(owned[0] + owned[1]) == list(range(24)) and all(owned)
+    if shares == (1.0, 3.0):
+        assert len(owned[0]) == 3 * len(owned[1])
+    # each replica forwarded m on the version one device keeping 4 in flight would
+    for replica in ("b1", "b2"):
+        versions = replicated.results[replica].versions
+        assert all(v == reference_version(m, 4) for m, v in versions.items())
+    shared = [e for e in replicated.events if e.kind == "aggregate"]
+    assert sorted(e.microbatch for e in shared) == list(range(24))  # one A per micro-batch
+
+
+def test_a_replicated_first_stage_and_a_single_stage_group() -> None:
+    # the first stage on three replicas (data and labels from each); and data parallelism:
+    # one stage on two devices (bsp), each forward lagging 3 behind
+    layers = [(0, 2), (3, 3)]
+    replicated = train(layers, [["a1", "a2", "a3"], ["b"]], inflight=(4, 1), lag=(6, 1),
+                       microbatches=30)
+    single = train(layers, [["a"], ["b"]], inflight=(6, 1), microbatches=30)
+    for replica in ("a1", "a2", "a3"):
+        assert same(replicated.weights[replica], single.weights["a"])
+    assert same(replicated.weights["b"], single.weights["b"])
+    bsp = train([(0, 3)], [["x", "y"]], inflight=(1,), lag=(3,), momentum=0.0)
+    alone = train([(0, 3)], [["z"]], inflight=(3,), momentum=0.0)
+    assert same(bsp.weights["x"], alone.weights["z"]) and same(bsp.weights["y"],
+                                                               alone.weights["z"])
+
+
+def test_replicated_gpipe_all_reduces_to_what_one_device_averages() -> None:
+    # the replicas ring-all-reduce their accumulated gradients each flush: the same update as
+    # one device, up to the order of the float sums
+    layers = [(0, 1), (2, 3)]
+    replicated = train(layers, [["a1", "a2"], ["b1", "b2", "b3"]], schedule="gpipe",
+                       microbatches=24, flush_every=6, times={"b3": 2.0})
+    single = train(layers, [["a"], ["b"]], schedule="gpipe", microbatches=24, flush_every=6)
+    for group, one in ((("a1", "a2"), "a"), (("b1", "b2", "b3"), "b")):
+        first = replicated.weights[group[0]]
+        for replica in group[1:]:
+            assert same(replicated.weights[replica], first)  # replicas hold the same bytes
+        for x, y in zip(first, single.weights[one], strict=True):
+            torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
+    assert replicated.losses == pytest.approx(single.losses, rel=1e-3)
+    assert all(r.updates == 4 for r in replicated.results.values())  # one per flush
+
+
+def test_two_lanes_forward_beside_the_backward_one_version_behind() -> None:
+    # on two lanes a forward runs beside the backward before it, on the weights before that
+    # backward's update: one device on one lane keeping one more in flight trains the same
+    layers = [(0, 1), (2, 3)]
+    lanes = train(layers, [["a"], ["b"]], inflight=(3, 1), two_lanes=("a", "b"))
+    one_lane = train(layers, [["a"], ["b"]], inflight=(4, 2))
+    assert same(lanes.weights["a"], one_lane.weights["a"])
+    assert same(lanes.weights["b"], one_lane.weights["b"])
+    assert lanes.results["b"].versions == one_lane.results["b"].versions
+    # every pass ran, each once (that the lanes overlap in time is bench/runtime.py's to show:
+    # passes of microseconds need not)
+    for device in ("a", "b"):
+        kinds = [e.kind for e in lanes.events if e.device == device]
+        assert kinds.count("forward") == kinds.count("backward") == kinds.count("update") == 24
+
+
+def test_a_two_lane_replica_with_a_single_lane_one() -> None:
+    # Duan-Wu's virtual worker: a group whose replicas split their resources or not
+    layers = [(0, 1), (2, 3)]
+    mixed = train(layers, [["a"], ["b1", "b2"]], inflight=(4, 1), lag=(4, 3),
+                  two_lanes=("b1",))
+    single = train(layers, [["a"], ["b"]], inflight=(4, 3))
+    for replica in ("b1", "b2"):
+        assert same(mixed.weights[replica], single.weights["b"])
+
+
+def test_vertical_sync_forwards_every_stage_on_stage_0s_version() -> None:
+    # three stages keeping 3, 2 and 1 in flight: without vertical sync each stage forwards m
+    # on its own latest weights (m - D_k + 1 updates); with it, every stage on stage 0's
+    layers = [(0, 1), (2, 2), (3, 3)]
+    groups = [["a"], ["b"], ["c"]]
+    free = train(layers, groups, inflight=(3, 2, 1), microbatches=20)
+    synced = train(layers, groups, inflight=(3, 2, 1), microbatches=20, vertical_sync=True)
+    for device, depth in (("a", 3), ("b", 2), ("c", 1)):
+        assert free.results[device].versions == {m: reference_version(m, depth)
+                                                 for m in range(20)}
+        assert synced.results[device].versions == {m: reference_version(m, 3)
+                                                   for m in range(20)}
+    # the versions travel with the micro-batch: every event of m carries stage 0's version
+    assert {(e.microbatch, e.version) for e in synced.events if e.kind == "forward"} == {
+        (m, reference_version(m, 3)) for m in range(20)}
+    # a replicated later stage lagging further than stage 0 sets the pipeline's lag
+    lagging = train([(0, 1), (2, 3)], [["a"], ["b1", "b2"]], inflight=(3, 1), lag=(3, 5),
+                    vertical_sync=True)
+    for device in ("a", "b1", "b2"):
+        assert all(v == reference_version(m, 5)
+                   for m, v in lagging.results[device].versions.items())
+
+
+def test_weight_aggregation_averages_each_stages_concurrent_versions() -> None:
+    # FTPipeHD: stage i of n keeps n - i versions in flight and averages them every
+    # aggregate_every x (n - i) updates; the last stage (one version) never does
+    layers = [(0, 1), (2, 2), (3, 3)]
+    groups = [["a"], ["b"], ["c"]]
+    trained = train(layers, groups, inflight=(3, 2, 1), microbatches=24, aggregate_every=2)
+    assert trained.results["a"].aggregated == [(6, (4, 5, 6)), (12, (10, 11, 12)),
+                                               (18, (16, 17, 18)), (24, (22, 23, 24))]
+    assert trained.results["b"].aggregated == [(v, (v - 1, v)) for v in (4, 8, 12, 16, 20, 24)]
+    assert trained.results["c"].aggregated == []
+    aggregates = [e for e in trained.events if e.kind == "aggregate"]
+    assert sorted((e.device, e.version) for e in aggregates) == sorted(
+        [("a", v) for v in (6, 12, 18, 24)] + [("b", v) for v in (4, 8, 12, 16, 20, 24)])
+    # it changes what is trained (the averaged weights differ from the last version's)
+    plain = train(layers, groups, inflight=(3, 2, 1), microbatches=24)
+    assert not same(trained.weights["a"], plain.weights["a"])
+
+
+def test_an_aggregation_is_the_mean_of_the_versions_it_names() -> None:
+    from agent.versions import Aggregation
+
+    param = torch.zeros(3)
+    lock = threading.Lock()
+    aggregation = Aggregation([param], version=0, every=1, window=3)
+    seen = []
+    for version, value in enumerate((1.0, 2.0, 6.0, 7.0, 8.0, 9.0), start=1):
+        param.fill_(value)  # the update that made this version
+        seen.append(aggregation.after_update(version, lock))
+        if version == 3:  # versions 1, 2, 3 hold 1, 2, 6: the mean is 3
+            assert torch.equal(param, torch.full((3,), 3.0))
+    assert seen == [None, None, (1, 2, 3), None, None, (4, 5, 6)]
+    assert torch.equal(param, torch.full((3,), 8.0))  # 7, 8, 9
