@@ -112,6 +112,9 @@ def test_create_a_run_through_the_form(visit: Visit, server: Server, lab):
     for _ in range(page.locator(".choice").count()):
         row.locator("[data-move=up]").click()
     page.check("input[name=algorithms][value=tapp]")  # besides the quick planners
+    assert page.is_checked("#id_vertical_sync")  # the run's default
+    page.uncheck("#id_vertical_sync")
+    page.fill("#id_aggregate_every", "3")
     page.fill("#id_microbatches", "0")
     page.click("text=Create and plan")
     # refused: the reason next to the field, the rest of the form as it was
@@ -119,6 +122,8 @@ def test_create_a_run_through_the_form(visit: Visit, server: Server, lab):
     assert error.inner_text() == "Ensure this value is greater than or equal to 1."
     assert page.locator(".field.has-error").count() == 1
     assert page.input_value("#id_name") == "resnet on three"
+    assert not page.is_checked("#id_vertical_sync")
+    assert page.input_value("#id_aggregate_every") == "3"
     visit.screenshot("run-new-error")
     order = [int(v) for v in page.eval_on_selector_all(
         "#device-choices input:checked", "els => els.map(e => e.value)")]
@@ -129,6 +134,7 @@ def test_create_a_run_through_the_form(visit: Visit, server: Server, lab):
     run_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
     run = server.api().get(f"/api/runs/{run_id}/")
     assert [d["id"] for d in run["devices"]] == order and run["microbatches"] == 4
+    assert (run["vertical_sync"], run["aggregate_every"]) == (False, 3)
     # planned by the worker; the page asks for snapshots while planning (embedded setup)
     page.wait_for_selector("#run-state.badge-planned", timeout=60_000)
     page.wait_for_selector("#plans-why:not([hidden])")

@@ -81,7 +81,8 @@ def run_create(api: APIClient) -> Endpoint:
         "name": "r", "model_spec": ModelSpecFactory().pk, "devices": [d.pk for d in devices],
         "algorithms": ["ftpipehd"], "schedule": "gpipe", "microbatches": 4, "batches": 10,
         "epochs": 2, "chain_every": 1, "global_every": 0, "repartition_after": 5,
-        "repartition_every": 50, "lr": 0.05, "momentum": 0.9}, 201)
+        "repartition_every": 50, "lr": 0.05, "momentum": 0.9, "vertical_sync": True,
+        "aggregate_every": 0}, 201)
 
 
 def run_plan(api: APIClient) -> Endpoint:
@@ -190,6 +191,10 @@ CASES = [
     ("run_create", "lr", "nan", "lr", "must be a finite number"),
     ("run_create", "momentum", 1, "momentum", "Ensure this value is less than or equal to 0.999"),
     ("run_create", "momentum", -0.5, "momentum", "Ensure this value is greater than or equal"),
+    ("run_create", "vertical_sync", "true", "vertical_sync", "must be true or false"),
+    ("run_create", "aggregate_every", 1001, "aggregate_every",
+     "Ensure this value is less than or equal to 1000"),
+    ("run_create", "aggregate_every", 2, "aggregate_every", "must be 0 under gpipe"),
     ("run_plan", "algorithms", "uniform", "algorithms", "Expected a list of items"),
     ("run_plan", "algorithms", ["uniform", "uniform"], "algorithms[1]", "repeats 'uniform'"),
     ("run_plan", "algorithms", [], "algorithms", "This list may not be empty"),

@@ -1,5 +1,6 @@
-"""Serializer fields for a JSON API: a number must be a JSON number and text a JSON string
-(DRF alone would take ``"12"`` for 12, ``true`` for 1.0 and ``12`` for ``"12"``)."""
+"""Serializer fields for a JSON API: a number must be a JSON number, text a JSON string and a
+flag a JSON boolean (DRF alone would take ``"12"`` for 12, ``true`` for 1.0, ``12`` for
+``"12"`` and ``"yes"`` or ``1`` for true)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,15 @@ class FloatField(serializers.FloatField):
         if isinstance(data, bool) or not isinstance(data, (int, float)):
             self.fail("invalid")
         return super().to_internal_value(data)
+
+
+class BooleanField(serializers.BooleanField):
+    default_error_messages: ClassVar[dict[str, str]] = {"invalid": "must be true or false"}
+
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            self.fail("invalid")
+        return data
 
 
 class CharField(serializers.CharField):

@@ -26,7 +26,15 @@ from webapp.devices.selectors import (
     layer_profile_list,
     model_spec_list,
 )
-from webapp.runs.models import MOMENTUM_MAX, RUN_DEFAULTS, FaultEvent, MetricPoint, Plan, Run
+from webapp.runs.models import (
+    AGGREGATE_EVERY_MAX,
+    MOMENTUM_MAX,
+    RUN_DEFAULTS,
+    FaultEvent,
+    MetricPoint,
+    Plan,
+    Run,
+)
 from webapp.runs.models import TimelineEvent as TimelineRow
 from webapp.runs.selectors import plan_best, run_list, run_planning_inputs, run_summary
 from webapp.runs.states import ACTIVE, RunState
@@ -159,14 +167,15 @@ def run_progress(runs: Iterable[Run]) -> dict[int, Progress]:
 
 
 # the new-run form's settings, shown at the run's own defaults until the user changes them
-RUN_FORM_DEFAULTS = ("microbatches", "batches", "lr", "momentum", "chain_every", "global_every",
-                     "repartition_after", "repartition_every", "recovery_policy")
+RUN_FORM_DEFAULTS = ("microbatches", "batches", "lr", "momentum", "vertical_sync",
+                     "aggregate_every", "chain_every", "global_every", "repartition_after",
+                     "repartition_every", "recovery_policy")
 
 
 def new_run_choices() -> dict[str, Any]:
     """What the new-run form offers: model specs (with how many devices profiled each),
     devices that can train (not retired; with the model specs they profiled), planners, and
-    the run's defaults of its settings and the momentum's limit."""
+    the run's defaults of its settings and the momentum's and aggregation's limits."""
     specs = list(model_spec_list().annotate(profiled=Count("profiles")))
     devices = list(device_list().exclude(status=Device.Status.RETIRED)
                    .prefetch_related("profiles"))
@@ -179,6 +188,7 @@ def new_run_choices() -> dict[str, Any]:
         "default_planners": list(QUICK_PLANNERS),
         "defaults": {name: RUN_DEFAULTS[name] for name in RUN_FORM_DEFAULTS},
         "momentum_max": MOMENTUM_MAX,
+        "aggregate_every_max": AGGREGATE_EVERY_MAX,
     }
 
 

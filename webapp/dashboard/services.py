@@ -75,14 +75,17 @@ def _present(form: QueryDict, name: str) -> bool:
 def run_form_data(form: QueryDict) -> dict[str, Any]:
     """The new-run form's fields as the body of ``POST /api/runs/``: an unchosen model spec or
     schedule is absent (the API says it is required, or takes its default); a number field
-    left empty is refused as not a number."""
+    left empty is refused as not a number; vertical sync is true when its box is ticked."""
     data: dict[str, Any] = {"name": form.get("name", "").strip(),
                             "devices": [_number(v) for v in form.getlist("devices")],
                             "algorithms": form.getlist("algorithms")}
-    for name in ("microbatches", "batches", "chain_every", "global_every", "repartition_after",
-                 "repartition_every"):
+    for name in ("microbatches", "batches", "aggregate_every", "chain_every", "global_every",
+                 "repartition_after", "repartition_every"):
         if name in form:
             data[name] = _number(form[name])
+    # a checkbox: the form sends "off" (a hidden field) and, when it is ticked, "on" after it
+    if "vertical_sync" in form:
+        data["vertical_sync"] = "on" in form.getlist("vertical_sync")
     for name in ("lr", "momentum"):
         if name in form:
             data[name] = _number(form[name], float)

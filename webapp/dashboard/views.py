@@ -154,6 +154,9 @@ def run_new(request: HttpRequest) -> HttpResponse:
     return render(request, "dashboard/run_new.html", {
         "choices": choices, "errors": errors, "form": form, "chosen_devices": chosen,
         "chosen_algorithms": form.getlist("algorithms") if form else choices["default_planners"],
+        # a checkbox cannot show a value: ticked as sent, else as the run's default
+        "vertical_sync": (services.run_form_data(form) if form else {}).get(
+            "vertical_sync", choices["defaults"]["vertical_sync"]),
     })
 
 

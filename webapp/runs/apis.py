@@ -29,6 +29,7 @@ from webapp.devices.apis import AgentApi
 from webapp.devices.selectors import device_list, model_spec_list
 from webapp.runs import replicas, selectors, services
 from webapp.runs.models import (
+    AGGREGATE_EVERY_MAX,
     LR_MAX,
     MOMENTUM_MAX,
     RECOVERY_POLICIES,
@@ -91,6 +92,17 @@ class RunListCreateApi(APIView):
             min_value=0.0, max_value=MOMENTUM_MAX, required=False,
             default=RUN_DEFAULTS["momentum"],
             help_text="SGD momentum; its buffers are replicated and restored with the weights")
+        vertical_sync = fields.BooleanField(
+            required=False, default=RUN_DEFAULTS["vertical_sync"],
+            help_text="1F1B: every stage forwards and backwards micro-batch m with the weight "
+                      "version stage 0 used for it (PipeDream's vertical sync); ignored under "
+                      "gpipe, which has no stale weights")
+        aggregate_every = fields.IntegerField(
+            min_value=0, max_value=AGGREGATE_EVERY_MAX, required=False,
+            default=RUN_DEFAULTS["aggregate_every"],
+            help_text="1F1B: every aggregate_every x its in-flight depth D updates, each stage "
+                      "replaces its weights by the average of its last D weight versions "
+                      "(FTPipeHD's weight aggregation); 0 = off, and must be 0 under gpipe")
 
     @extend_schema(parameters=[RunFilter], responses=RunOutput(many=True))
     def get(self, request: Request) -> Response:

@@ -16,6 +16,7 @@ from webapp.runs.states import RunState
 LR_MAX = 100.0  # a run's SGD learning rate is above 0 and at most this
 MOMENTUM_MAX = 0.999  # a run's SGD momentum is from 0 to this (at 1 the buffers never decay)
 RECOVERY_POLICIES = ("replan", "respipe")  # what a run does after a failure (recovery_policy)
+AGGREGATE_EVERY_MAX = 1000  # a run's aggregate_every is from 0 (off) to this
 
 
 class Run(models.Model):
@@ -36,6 +37,16 @@ class Run(models.Model):
     lr = models.FloatField(default=0.1, help_text="SGD learning rate of every stage")
     momentum = models.FloatField(default=0.0, help_text="SGD momentum (high momentum on the "
                                                         "stale gradients of 1F1B hurts)")
+    # against 1F1B's stale weights (FTPipeHD, docs/architecture.md "Run settings"); GPipe
+    # flushes every batch, so it has none
+    vertical_sync = models.BooleanField(
+        default=True, help_text="1F1B: every stage forwards and backwards micro-batch m with "
+                                "the weight version stage 0 used for it (vertical sync); "
+                                "ignored under gpipe")
+    aggregate_every = models.PositiveIntegerField(
+        default=0, help_text="1F1B: every aggregate_every x its in-flight depth D updates, a "
+                             "stage replaces its weights by the average of its last D weight "
+                             "versions (weight aggregation); 0 = off, and 0 under gpipe")
     state = models.CharField(max_length=16, choices=RunState.choices, default=RunState.DRAFT)
     error = models.TextField(blank=True)
     chosen_plan = models.ForeignKey("Plan", null=True, blank=True, on_delete=models.SET_NULL,
@@ -86,8 +97,8 @@ class Run(models.Model):
 RUN_DEFAULTS: dict[str, Any] = {
     name: Run._meta.get_field(name).default
     for name in ("schedule", "microbatches", "batches", "epochs", "lr", "momentum",
-                 "chain_every", "global_every", "repartition_after", "repartition_every",
-                 "recovery_policy")}
+                 "vertical_sync", "aggregate_every", "chain_every", "global_every",
+                 "repartition_after", "repartition_every", "recovery_policy")}
 
 
 class RunDevice(models.Model):

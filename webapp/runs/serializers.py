@@ -34,6 +34,11 @@ class RunOutput(serializers.Serializer):
         help_text="replan (re-plan the survivors) or respipe (the successor takes over)")
     lr = serializers.FloatField(help_text="SGD learning rate of every stage")
     momentum = serializers.FloatField(help_text="SGD momentum of every stage")
+    vertical_sync = serializers.BooleanField(
+        help_text="1F1B: every stage uses the weight version stage 0 used for the micro-batch; "
+                  "ignored under gpipe")
+    aggregate_every = serializers.IntegerField(
+        help_text="1F1B: weight aggregation every this many in-flight windows; 0 = off")
     generation = serializers.IntegerField(
         help_text="the current deployment: 0 at start, +1 at each recovery or re-partition")
     state = serializers.CharField()

@@ -31,6 +31,7 @@ from webapp.devices.models import Device, LayerProfile, ModelSpec
 from webapp.devices.selectors import planning_costs
 from webapp.runs import events, selectors
 from webapp.runs.models import (
+    AGGREGATE_EVERY_MAX,
     LR_MAX,
     MOMENTUM_MAX,
     RECOVERY_POLICIES,
@@ -76,12 +77,15 @@ def run_create(*, name: str, model_spec: ModelSpec, devices: Sequence[Device],
                repartition_every: int = RUN_DEFAULTS["repartition_every"],
                recovery_policy: str = RUN_DEFAULTS["recovery_policy"],
                lr: float = RUN_DEFAULTS["lr"], momentum: float = RUN_DEFAULTS["momentum"],
+               vertical_sync: bool = RUN_DEFAULTS["vertical_sync"],
+               aggregate_every: int = RUN_DEFAULTS["aggregate_every"],
                created_by: AbstractBaseUser | None = None) -> Run:
     """A draft run of ``model_spec`` on ``devices`` (in pipeline order); what is left out
     takes the Run model's default (RUN_DEFAULTS). ``chain_every``, ``global_every``
     (replication) and ``repartition_every`` count batches, 0 turning each off;
-    ``repartition_after``, ``lr`` and ``momentum`` (every stage's SGD) are checked here too
-    since services are called without the API's validation (the run form, benches)."""
+    ``repartition_after``, ``lr`` and ``momentum`` (every stage's SGD), ``vertical_sync`` and
+    ``aggregate_every`` (1F1B's: kept but ignored under gpipe, and 0 there) are checked here
+    too since services are called without the API's validation (the run form, benches)."""
     if not devices:
         raise InvalidInput("devices", "must name at least one device")
     for i, device in enumerate(devices):
@@ -104,11 +108,22 @@ def run_create(*, name: str, model_spec: ModelSpec, devices: Sequence[Device],
         raise InvalidInput("lr", f"must be a number above 0 and at most {LR_MAX:g}")
     if not _finite_number(momentum) or not 0 <= momentum <= MOMENTUM_MAX:
         raise InvalidInput("momentum", f"must be a number from 0 to {MOMENTUM_MAX}")
+    if not isinstance(vertical_sync, bool):
+        raise InvalidInput("vertical_sync", "must be true or false")
+    if (isinstance(aggregate_every, bool) or not isinstance(aggregate_every, int)
+            or not 0 <= aggregate_every <= AGGREGATE_EVERY_MAX):
+        raise InvalidInput("aggregate_every", f"must be an integer from 0 to "
+                                              f"{AGGREGATE_EVERY_MAX} (in-flight windows)")
+    if aggregate_every and schedule != "1f1b":
+        raise InvalidInput("aggregate_every", f"must be 0 under {schedule}: weight aggregation "
+                                              "is for 1f1b's stale weight versions")
     run = Run.objects.create(name=name, model_spec=model_spec,
                              algorithms=_check_algorithms(algorithms), schedule=schedule,
                              microbatches=microbatches, batches=batches, epochs=epochs,
                              created_by=created_by, recovery_policy=recovery_policy,
-                             lr=float(lr), momentum=float(momentum), **fault_settings)
+                             lr=float(lr), momentum=float(momentum),
+                             vertical_sync=vertical_sync, aggregate_every=aggregate_every,
+                             **fault_settings)
     RunDevice.objects.bulk_create(RunDevice(run=run, device=d, position=k)
                                   for k, d in enumerate(devices))
     events.run_event_send(run.pk, events.event_run(run))
@@ -287,6 +302,9 @@ def spec_fields(*, run: Run, document: PlanDocument, cm: CostModel) -> dict[str,
         "flush_every": run.microbatches,
         "inflight": None if document.inflight is None else list(document.inflight),
         "lr": run.lr, "momentum": run.momentum, "seed": run.pk,
+        # 1F1B's answers to stale weights; GPipe has none (docs/architecture.md)
+        "vertical_sync": run.vertical_sync and run.schedule == "1f1b",
+        "aggregate_every": run.aggregate_every,
         # replication points, in micro-batches applied (docs/architecture.md)
         "chain_every": run.chain_every * run.microbatches,
         "global_every": run.global_every * run.microbatches,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.test import Client
 
@@ -58,6 +60,18 @@ def test_two_trained_runs_side_by_side(browser: Client, gpipe_run: Run, onef1b_r
     assert [r["best"] for r in rows] == [True, False]
     assert [len(s["x"]) for s in answer.context["series"]] == [3, 3]
     assert "fastest" in page
+
+
+def test_the_schedule_row_says_what_each_1f1b_run_does_about_stale_weights(
+        browser: Client) -> None:
+    runs = [RunFactory(schedule="1f1b", vertical_sync=False, aggregate_every=2),
+            RunFactory(schedule="1f1b"), RunFactory(schedule="gpipe", microbatches=3)]
+    page = browser.get(f"/runs/compare/?runs={','.join(str(r.pk) for r in runs)}"
+                       ).content.decode()
+    cells = re.search(r"<tr><th>Schedule</th>(.*?)</tr>", page).group(1)
+    assert re.findall(r"<td>(.*?)</td>", cells) == [
+        "1f1b, no vertical sync, weight aggregation every 2 in-flight windows · 4 micro-batches",
+        "1f1b, vertical sync · 4 micro-batches", "gpipe · 3 micro-batches"]
 
 
 def test_comma_separated_and_repeated_ids_work(browser: Client) -> None:

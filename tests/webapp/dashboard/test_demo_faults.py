@@ -132,8 +132,101 @@ def test_the_kill_flags_help_says_which_agent_by_default():
     ({"momentum": 1.0}, "--momentum must be from 0 to 0.999, got 1"),
     ({"momentum": -0.1}, "--momentum must be from 0 to 0.999, got -0.1"),
     ({"slow_to": 0.5}, "--slow-to must be from 1 to 1000, got 0.5"),
+    ({"aggregate_every": -1}, "--aggregate-every must be from 0 to 1000, got -1"),
+    ({"aggregate_every": 1001}, "--aggregate-every must be from 0 to 1000, got 1001"),
+    ({"aggregate_every": 2, "schedule": "gpipe"},
+     "--aggregate-every is for --schedule 1f1b, not gpipe"),
     ({"kill_agents": ("demo-fast",)}, "--kill-agent: say when with --kill-agent-at SECONDS"),
 ])
 def test_bad_demo_options_are_refused_before_anything_starts(changes, message):
     with pytest.raises(DemoError, match=re.escape(message)):
         run_demo(DemoOptions(**changes), say=lambda line: None)
+
+
+@pytest.mark.parametrize(("args", "chosen"), [
+    ([], (None, None)),  # the run's defaults: vertical sync on, no weight aggregation
+    (["--no-vertical-sync"], (False, None)),
+    (["--aggregate-every", "3"], (None, 3)),
+    (["--no-vertical-sync", "--aggregate-every", "0"], (False, 0)),
+])
+def test_the_demo_passes_vertical_sync_and_weight_aggregation_to_its_run(monkeypatch, args,
+                                                                         chosen):
+    taken: list[DemoOptions] = []
+    monkeypatch.setattr("webapp.demo.management.commands.demo.run_demo",
+                        lambda options, say: taken.append(options))
+    sigterm = signal.getsignal(signal.SIGTERM)  # the command installs its own
+    try:
+        call_command("demo", *args, stdout=StringIO(), stderr=StringIO())
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)
+    assert [(o.vertical_sync, o.aggregate_every) for o in taken] == [chosen]
+
+
+class RecordingApi:
+    """Creates run 7 and plans it at once, keeping what the testbed sent."""
+
+    def __init__(self) -> None:
+        self.posted: list[tuple[str, Any]] = []
+
+    def post(self, path: str, body: Any = None) -> Any:
+        self.posted.append((path, body))
+        return {"id": 7}
+
+    def get(self, path: str) -> Any:
+        if path == "/api/runs/7/":
+            return {"id": 7, "state": "planned"}
+        if path == "/api/runs/7/plans/compare/":
+            return {"rows": []}
+        raise AssertionError(path)
+
+
+@pytest.mark.parametrize(("settings", "sent"), [
+    ({}, {}),
+    ({"vertical_sync": False, "aggregate_every": 5},
+     {"vertical_sync": False, "aggregate_every": 5}),
+])
+def test_the_testbed_creates_its_run_with_the_settings_it_is_given(group, settings, sent):
+    api = RecordingApi()
+    bed = fake_testbed(group, FakeApi(started_s_ago=0, stages=[]))
+    bed.api = api  # type: ignore[assignment]
+    devices = [{**d, "id": k + 1} for k, d in enumerate(bed.devices)]
+    compared = bed.plan(3, devices=devices, name="demo", algorithms=["ftpipehd"],
+                        schedule="1f1b", microbatches=4, batches=10, **settings)
+    assert compared["run"] == 7
+    created = dict(api.posted)["/api/runs/"]
+    assert {k: created[k] for k in ("vertical_sync", "aggregate_every") if k in created} == sent
+
+
+def test_the_demo_creates_its_run_with_the_options_settings(monkeypatch):
+    """run_demo hands the run's settings to the testbed's plan (stopped there)."""
+    asked: dict[str, Any] = {}
+
+    class Planned(Exception):
+        pass
+
+    class Bed:
+        def __init__(self, **kwargs: Any) -> None:
+            self.devices: list[dict[str, Any]] = []
+            self.url = self.username = self.password = ""
+
+        def __enter__(self) -> Bed:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def measure_links(self) -> list[Any]:
+            return []
+
+        def model_spec(self, **kwargs: Any) -> int:
+            return 1
+
+        def plan(self, spec: int, **kwargs: Any) -> dict[str, Any]:
+            asked.update(kwargs)
+            raise Planned
+
+    monkeypatch.setattr("webapp.demo.scenario.LocalTestbed", Bed)
+    with pytest.raises(Planned):
+        run_demo(DemoOptions(vertical_sync=False, aggregate_every=6, momentum=0.5),
+                 say=lambda line: None)
+    assert (asked["vertical_sync"], asked["aggregate_every"], asked["momentum"]) == (False, 6, 0.5)

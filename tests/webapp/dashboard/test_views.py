@@ -17,7 +17,7 @@ from tests.webapp.factories import (
     RunFactory,
 )
 from webapp.devices.models import Device, EnrollmentToken
-from webapp.runs.models import MOMENTUM_MAX, Plan, Run
+from webapp.runs.models import AGGREGATE_EVERY_MAX, MOMENTUM_MAX, Plan, Run
 
 pytestmark = pytest.mark.django_db
 
@@ -169,12 +169,68 @@ def test_the_form_sets_the_fault_tolerance_settings(browser: Client, profiled):
                     repartition_every="0", recovery_policy="respipe")
     page = browser.get("/runs/new/").content.decode()
     for name in ("chain_every", "global_every", "repartition_after", "repartition_every",
-                 "recovery_policy", "lr", "momentum"):
+                 "recovery_policy", "lr", "momentum", "vertical_sync", "aggregate_every"):
         assert f'name="{name}"' in page
     assert browser.post("/runs/new/", form).status_code == 302
     run = Run.objects.get()
     assert (run.chain_every, run.global_every, run.repartition_after, run.repartition_every,
             run.recovery_policy) == (1, 0, 3, 0, "respipe")
+
+
+def vertical_sync_ticked(page: str) -> bool:
+    """Is the form's vertical sync box ticked? (Sent after a hidden "off", so that an unticked
+    box says so.)"""
+    boxes = re.findall(r'<input type="checkbox" id="id_vertical_sync" name="vertical_sync" '
+                       r'value="on"( checked)?>', page)
+    assert len(boxes) == 1 and '<input type="hidden" name="vertical_sync" value="off">' in page
+    return boxes == [" checked"]
+
+
+@pytest.mark.parametrize(("ticked", "aggregate_every", "shown"), [
+    (True, "4", "1f1b, vertical sync, weight aggregation every 4 in-flight windows ·"),
+    (False, "0", "1f1b, no vertical sync ·"),
+    (False, "1", "1f1b, no vertical sync, weight aggregation every 1 in-flight window ·"),
+])
+def test_the_form_sets_vertical_sync_and_weight_aggregation(browser: Client, profiled, ticked,
+                                                             aggregate_every, shown):
+    spec, devices = profiled
+    sent = ["off", "on"] if ticked else ["off"]  # what the browser sends for the box
+    answer = browser.post("/runs/new/", run_form(spec, devices, vertical_sync=sent,
+                                                 aggregate_every=aggregate_every))
+    assert answer.status_code == 302
+    run = Run.objects.get()
+    assert (run.vertical_sync, run.aggregate_every) == (ticked, int(aggregate_every))
+    assert shown in browser.get(answer["Location"]).content.decode()  # the run page says so
+
+
+def test_a_gpipe_run_page_shows_neither_vertical_sync_nor_aggregation(browser: Client):
+    run = RunFactory(schedule="gpipe", vertical_sync=True)
+    html = browser.get(f"/runs/{run.pk}/").content.decode()
+    assert f"{run.model_spec} · gpipe · " in html and "vertical sync" not in html
+
+
+@pytest.mark.parametrize("ticked", [True, False])
+def test_a_refused_form_keeps_vertical_sync_and_weight_aggregation(browser: Client, profiled,
+                                                                  ticked):
+    spec, devices = profiled
+    page = browser.post("/runs/new/", run_form(
+        spec, devices, vertical_sync=["off", "on"] if ticked else ["off"],
+        aggregate_every="7", batches="0")).content.decode()
+    assert field_errors(page, "batches") == ["Ensure this value is greater than or equal to 1."]
+    assert vertical_sync_ticked(page) is ticked
+    assert 'name="aggregate_every" value="7"' in page
+
+
+def test_weight_aggregation_under_gpipe_is_refused_next_to_its_field(browser: Client, profiled):
+    spec, devices = profiled
+    page = browser.post("/runs/new/", run_form(spec, devices, schedule="gpipe",
+                                               vertical_sync=["off"],
+                                               aggregate_every="2")).content.decode()
+    assert field_errors(page, "aggregate_every") == [
+        "must be 0 under gpipe: weight aggregation is for 1f1b's stale weight versions"]
+    assert not Run.objects.exists()
+    assert not vertical_sync_ticked(page) and 'name="aggregate_every" value="2"' in page
+    assert re.findall(r'name="schedule" value="(\w+)" checked', page) == ["gpipe"]
 
 
 def test_a_refused_form_keeps_the_recovery_policy_chosen(browser: Client, profiled):
@@ -189,18 +245,22 @@ def test_the_form_starts_at_the_runs_own_defaults(browser: Client, profiled):
     spec, devices = profiled
     page = browser.get("/runs/new/").content.decode()
     shown = dict(re.findall(r'name="(\w+)" value="([^"]*)"', page))
-    numbers = ("microbatches", "batches", "lr", "momentum", "chain_every", "global_every",
-               "repartition_after", "repartition_every")
+    numbers = ("microbatches", "batches", "lr", "momentum", "aggregate_every", "chain_every",
+               "global_every", "repartition_after", "repartition_every")
     defaults = {name: Run._meta.get_field(name).default for name in numbers}
     assert {name: float(shown[name]) for name in numbers} == defaults
     checked = re.findall(r'name="recovery_policy" value="(\w+)" checked', page)
     assert checked == [Run._meta.get_field("recovery_policy").default]
+    assert Run._meta.get_field("vertical_sync").default is True
+    assert vertical_sync_ticked(page)
     assert f"0 to {MOMENTUM_MAX}." in page  # the momentum's limit, as the API enforces it
+    assert f"0 to {AGGREGATE_EVERY_MAX}." in page
     # submitted as shown, the form makes a run with exactly those settings
-    assert browser.post("/runs/new/", run_form(spec, devices, **{
+    assert browser.post("/runs/new/", run_form(spec, devices, vertical_sync=["off", "on"], **{
         name: shown[name] for name in numbers})).status_code == 302
     run = Run.objects.get()
     assert {name: getattr(run, name) for name in numbers} == defaults
+    assert run.vertical_sync is True
 
 
 @pytest.mark.parametrize(("changes", "field", "reason"), [
@@ -225,6 +285,11 @@ def test_the_form_starts_at_the_runs_own_defaults(browser: Client, profiled):
     ({"repartition_after": "0"}, "repartition_after",
      "Ensure this value is greater than or equal to 1."),
     ({"recovery_policy": "pray"}, "recovery_policy", '"pray" is not a valid choice.'),
+    ({"aggregate_every": "-1"}, "aggregate_every",
+     "Ensure this value is greater than or equal to 0."),
+    ({"aggregate_every": "1001"}, "aggregate_every",
+     "Ensure this value is less than or equal to 1000."),
+    ({"aggregate_every": "often"}, "aggregate_every", "must be an integer"),
 ])
 def test_a_bad_value_is_refused_next_to_its_field(browser: Client, profiled, changes, field,
                                                   reason):

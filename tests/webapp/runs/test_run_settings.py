@@ -1,6 +1,7 @@
-"""A run's settings: replication periods and dynamic re-partition checks (fault tolerance) and
-the stages' SGD (learning rate, momentum), chosen at creation (REST and run_create) and shown
-with the run's generation."""
+"""A run's settings: replication periods and dynamic re-partition checks (fault tolerance),
+the stages' SGD (learning rate, momentum) and 1F1B's vertical sync and weight aggregation,
+chosen at creation (REST and run_create), shown with the run's generation and sent to the
+agents in their stage specs."""
 
 from __future__ import annotations
 
@@ -8,11 +9,16 @@ import inspect
 
 import pytest
 
-from tests.webapp.factories import DeviceFactory, ModelSpecFactory
+from tests.webapp.factories import (
+    DeviceFactory,
+    LayerProfileFactory,
+    ModelSpecFactory,
+    RunFactory,
+)
 from webapp.common.exceptions import InvalidInput
 from webapp.runs import services
 from webapp.runs.apis import RunListCreateApi
-from webapp.runs.models import RUN_DEFAULTS, Run
+from webapp.runs.models import RUN_DEFAULTS, Plan, Run
 
 pytestmark = pytest.mark.django_db
 
@@ -33,6 +39,7 @@ def test_a_run_takes_the_documented_defaults(api):
         "chain_every": 2, "global_every": 10, "repartition_after": 10,
         "repartition_every": 100, "generation": 0}
     assert (run["lr"], run["momentum"]) == (0.1, 0.0)
+    assert (run["vertical_sync"], run["aggregate_every"]) == (True, 0)
 
 
 def test_rest_and_the_service_default_to_the_run_model_s_defaults():
@@ -74,6 +81,13 @@ def test_a_run_keeps_the_settings_it_was_created_with(api):
     ("repartition_after", 0, "Ensure this value is greater than or equal to 1"),
     ("repartition_every", 2.5, "must be an integer"),
     ("repartition_every", None, "This field may not be null"),
+    ("vertical_sync", "yes", "must be true or false"),
+    ("vertical_sync", 1, "must be true or false"),
+    ("vertical_sync", None, "This field may not be null"),
+    ("aggregate_every", -1, "Ensure this value is greater than or equal to 0"),
+    ("aggregate_every", 1001, "Ensure this value is less than or equal to 1000"),
+    ("aggregate_every", 2.5, "must be an integer"),
+    ("aggregate_every", "2", "must be an integer"),
 ])
 def test_a_bad_setting_is_a_400_naming_it(api, field, value, reason):
     answer = api.post("/api/runs/", body(**{field: value}), format="json")
@@ -86,7 +100,10 @@ def test_a_bad_setting_is_a_400_naming_it(api, field, value, reason):
 @pytest.mark.parametrize(("field", "value"), [
     ("chain_every", -2), ("global_every", True), ("repartition_after", 0),
     ("repartition_every", 1.0), ("lr", 0.0), ("lr", float("inf")), ("lr", True),
-    ("momentum", 1.0), ("momentum", 0.9995), ("momentum", float("nan")), ("momentum", "0.9")])
+    ("momentum", 1.0), ("momentum", 0.9995), ("momentum", float("nan")), ("momentum", "0.9"),
+    ("vertical_sync", 1), ("vertical_sync", "true"), ("vertical_sync", None),
+    ("aggregate_every", -1), ("aggregate_every", 1001), ("aggregate_every", True),
+    ("aggregate_every", 2.0)])
 def test_run_create_checks_the_settings_itself(field, value):
     """The run form and the benches call the service without the API's validation."""
     with pytest.raises(InvalidInput) as caught:
@@ -103,3 +120,63 @@ def test_run_create_takes_the_settings():
     run.refresh_from_db()
     assert (run.chain_every, run.global_every, run.repartition_after,
             run.repartition_every, run.generation, run.recovery) == (1, 0, 3, 7, 0, {})
+
+
+def test_a_run_keeps_its_vertical_sync_and_weight_aggregation(api):
+    created = api.post("/api/runs/", body(vertical_sync=False, aggregate_every=1000),
+                       format="json")
+    assert created.status_code == 201, created.json()
+    assert (created.json()["vertical_sync"], created.json()["aggregate_every"]) == (False, 1000)
+    run = Run.objects.get(pk=created.json()["id"])
+    assert (run.vertical_sync, run.aggregate_every) == (False, 1000)
+    shown = api.get(f"/api/runs/{run.pk}/").json()
+    assert (shown["vertical_sync"], shown["aggregate_every"]) == (False, 1000)
+
+
+def test_gpipe_takes_vertical_sync_but_refuses_weight_aggregation(api):
+    """GPipe has no stale weights: vertical sync is kept (and ignored), a positive
+    aggregate_every is a 400 naming it, and no run is made."""
+    refused = api.post("/api/runs/", body(schedule="gpipe", aggregate_every=2), format="json")
+    assert refused.status_code == 400
+    assert refused.json()["errors"] == [{
+        "field": "aggregate_every",
+        "reason": "must be 0 under gpipe: weight aggregation is for 1f1b's stale weight "
+                  "versions"}]
+    assert not Run.objects.exists()
+    for flag in (True, False):
+        created = api.post("/api/runs/", body(schedule="gpipe", vertical_sync=flag,
+                                              aggregate_every=0), format="json")
+        assert created.status_code == 201, created.json()
+        assert (created.json()["vertical_sync"], created.json()["aggregate_every"]) == (flag, 0)
+    with pytest.raises(InvalidInput) as caught:
+        services.run_create(name="r", model_spec=ModelSpecFactory(), devices=[DeviceFactory()],
+                            algorithms=["bsp"], schedule="gpipe", aggregate_every=1)
+    assert caught.value.errors[0].field == "aggregate_every"
+
+
+def planned(**settings: object) -> tuple[Run, Plan]:
+    """A run of three profiled devices with its ftpipehd plan computed."""
+    spec = ModelSpecFactory()
+    devices = [DeviceFactory() for _ in range(3)]
+    for k, device in enumerate(devices):
+        LayerProfileFactory(device=device, model_spec=spec, layers=6, scale=1.0 + k)
+    run = RunFactory(model_spec=spec, devices=devices, state=Run.State.PLANNING, **settings)
+    plan = Plan.objects.create(run=run, algorithm="ftpipehd")
+    assert services.plan_compute(plan_id=plan.pk)["status"] == "done"
+    plan.refresh_from_db()
+    return run, plan
+
+
+@pytest.mark.parametrize(("settings", "sent"), [
+    ({"schedule": "1f1b"}, (True, 0)),  # the defaults
+    ({"schedule": "1f1b", "vertical_sync": True, "aggregate_every": 3}, (True, 3)),
+    ({"schedule": "1f1b", "vertical_sync": False, "aggregate_every": 1}, (False, 1)),
+    ({"schedule": "gpipe", "vertical_sync": True}, (False, 0)),  # no stale weights to sync
+])
+def test_every_stage_spec_carries_the_runs_vertical_sync_and_aggregation(settings, sent):
+    run, plan = planned(**settings)
+    specs = services.stage_specs(run=run, plan=plan)
+    assert len(specs) > 1
+    assert {(s["vertical_sync"], s["aggregate_every"]) for s in specs.values()} == {sent}
+    assert all(type(s["vertical_sync"]) is bool and type(s["aggregate_every"]) is int
+               for s in specs.values())

@@ -1,5 +1,6 @@
-"""Template filters of the dashboard's pages: a mapping's item, and the units EdgePipe measures
-in (seconds, bytes, bytes per second) written for people."""
+"""Template filters of the dashboard's pages: a mapping's item, the units EdgePipe measures
+in (seconds, bytes, bytes per second) written for people, and a run's schedule with its
+settings."""
 
 from __future__ import annotations
 
@@ -75,3 +76,17 @@ def label(key: str) -> str:
     memory``."""
     words = str(key).replace("_", " ")
     return words.upper() if len(words) <= 3 else words[:1].upper() + words[1:]
+
+
+@register.filter
+def schedule(run: Any) -> str:
+    """A run's schedule with what it does against stale weights: ``1f1b, vertical sync,
+    weight aggregation every 4 in-flight windows``; ``gpipe`` alone (it has no stale
+    weights, so neither setting applies)."""
+    if run.schedule != "1f1b":
+        return str(run.schedule)
+    parts = [run.schedule, "vertical sync" if run.vertical_sync else "no vertical sync"]
+    if run.aggregate_every:
+        windows = "window" if run.aggregate_every == 1 else "windows"
+        parts.append(f"weight aggregation every {run.aggregate_every} in-flight {windows}")
+    return ", ".join(parts)

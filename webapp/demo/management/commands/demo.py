@@ -70,6 +70,15 @@ class Command(BaseCommand):
         parser.add_argument("--momentum", type=float, default=None, metavar="M",
                             help="SGD momentum of the run, from 0 to 0.999 (default 0); its "
                                  "buffers are replicated and restored with the weights")
+        parser.add_argument("--no-vertical-sync", dest="vertical_sync", action="store_const",
+                            const=False, default=None,
+                            help="1F1B without vertical sync: each stage forwards a "
+                                 "micro-batch with its newest weights (stashed for its "
+                                 "backward), not with stage 0's version of them")
+        parser.add_argument("--aggregate-every", type=int, default=None, metavar="K",
+                            help="1F1B weight aggregation: every K x its in-flight depth D "
+                                 "updates each stage averages its last D weight versions, "
+                                 "from 0 to 1000 (default 0: off)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -86,6 +95,7 @@ class Command(BaseCommand):
             repartition_every=options["repartition_every"],
             slow_agent_at=options["slow_agent_at"], slow_agent=options["slow_agent"],
             slow_to=options["slow_to"], momentum=options["momentum"],
+            vertical_sync=options["vertical_sync"], aggregate_every=options["aggregate_every"],
             kill_agent_at=options["kill_agent_at"],
             pause_at=options["pause_at"], pause_for=options["pause_for"],
             kill_agents=tuple(a.strip() for a in options["kill_agent"].split(",") if a.strip()))
