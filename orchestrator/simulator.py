@@ -314,20 +314,53 @@ def pass_times(cm: CostModel, plan: Plan) -> tuple[dict[str, float], dict[str, f
     return fwd, bwd
 
 
-def schedule_for(cm: CostModel, plan: Plan, *, microbatches: int, schedule: str | None = None,
-                 flush_every: int | None = None) -> Schedule:
-    """The action lists of a plan, with replicas sharing micro-batches by their speed (under a
-    beta split a device's passes overlap, so its pace is the slower of the two)."""
+@dataclass(frozen=True)
+class ScheduleInputs:
+    """What a plan's action lists are built from, as the simulator builds them and as the
+    server hands them to the agents (StageSpec): each replica's pace per micro-batch (replicas
+    share micro-batches by it; under a beta split a device's passes overlap, so its pace is the
+    slower of the two), the depths, and for each device on two lanes the fraction of its full
+    speed each pass gets (its full-speed forward and backward over their times at its shares:
+    what an emulated device paces each lane to)."""
+
+    stage_devices: tuple[tuple[str, ...], ...]
+    stage_times_s: tuple[tuple[float, ...], ...]
+    inflight: tuple[int, ...]
+    lag: tuple[int, ...]
+    replica_inflight: Mapping[str, int]
+    two_lanes: tuple[str, ...]
+    lane_shares: Mapping[str, tuple[float, float]]
+
+
+def schedule_inputs(cm: CostModel, plan: Plan) -> ScheduleInputs:
     fwd, bwd = pass_times(cm, plan)
     pace = {d: max(fwd[d], bwd[d]) if d in plan.two_lanes else fwd[d] + bwd[d] for d in fwd}
-    times = [[pace[d] for d in s.devices] for s in plan.stages]
-    return build_schedule(name=schedule or plan.schedule,
-                          stage_devices=[s.devices for s in plan.stages], stage_times_s=times,
-                          microbatches=microbatches, flush_every=flush_every,
-                          inflight=[plan.inflight_for(k) for k in range(len(plan.stages))],
-                          lag=[plan.lag_for(k) for k in range(len(plan.stages))],
-                          replica_inflight=plan.replica_inflight,
-                          two_lanes=sorted(plan.two_lanes))
+    shares: dict[str, tuple[float, float]] = {}
+    for stage in plan.stages:
+        for dev in stage.devices:
+            if dev in plan.two_lanes:
+                full_f, full_b = cm.pass_s(cm.index(dev), stage.first, stage.last)
+                shares[dev] = (min(1.0, full_f / fwd[dev]) if fwd[dev] > 0 else 1.0,
+                               min(1.0, full_b / bwd[dev]) if bwd[dev] > 0 else 1.0)
+    num_stages = len(plan.stages)
+    return ScheduleInputs(
+        stage_devices=tuple(s.devices for s in plan.stages),
+        stage_times_s=tuple(tuple(pace[d] for d in s.devices) for s in plan.stages),
+        inflight=tuple(plan.inflight_for(k) for k in range(num_stages)),
+        lag=tuple(plan.lag_for(k) for k in range(num_stages)),
+        replica_inflight=MappingProxyType(dict(plan.replica_inflight or {})),
+        two_lanes=tuple(sorted(plan.two_lanes)), lane_shares=MappingProxyType(shares))
+
+
+def schedule_for(cm: CostModel, plan: Plan, *, microbatches: int, schedule: str | None = None,
+                 flush_every: int | None = None) -> Schedule:
+    """The action lists of a plan (:func:`schedule_inputs`)."""
+    inputs = schedule_inputs(cm, plan)
+    return build_schedule(name=schedule or plan.schedule, stage_devices=inputs.stage_devices,
+                          stage_times_s=inputs.stage_times_s, microbatches=microbatches,
+                          flush_every=flush_every, inflight=inputs.inflight, lag=inputs.lag,
+                          replica_inflight=inputs.replica_inflight,
+                          two_lanes=inputs.two_lanes)
 
 
 def simulate(cm: CostModel, plan: Plan, *, microbatches: int, schedule: str | None = None,

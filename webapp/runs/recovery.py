@@ -28,6 +28,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -346,7 +347,7 @@ def _replan(run: Run) -> Run:
     for rd in RunDevice.objects.filter(run=run).select_related("device"):
         spec = specs.get(rd.device.uid)
         if spec is not None:
-            rd.stage, rd.stage_state, rd.stage_error = spec["stage"], S.DEPLOYING, ""
+            rd.stage, rd.stage_state, rd.stage_error = spec.stage, S.DEPLOYING, ""
         elif rd.stage_state != S.LOST:
             rd.stage, rd.stage_state = None, S.IDLE
         else:
@@ -354,9 +355,9 @@ def _replan(run: Run) -> Run:
         rd.save(update_fields=["stage", "stage_state", "stage_error"])
     started_at = run.started_at.timestamp() if run.started_at else time.time()
     for uid, spec in specs.items():
-        spec = {**spec, "generation": generation, "first_microbatch": restore.resume}
+        spec = replace(spec, generation=generation, first_microbatch=restore.resume)
         device_command_send(uid=uid, command=command_build(
-            "deploy", run=run.pk, spec=spec, peers=peers, started_at=started_at,
+            "deploy", run=run.pk, spec=spec.to_json(), peers=peers, started_at=started_at,
             restore=[p.to_json() for p in restore.parts_of(uid)]))
     recovery.update({
         "replanned_wall": time.time(), "resume": restore.resume,

@@ -24,7 +24,8 @@ from orchestrator.events import parse_event, parse_fault
 from orchestrator.formats import SCHEDULES, parse_plan
 from orchestrator.formats import Plan as PlanDocument
 from orchestrator.partition import LEARNED, PLANNERS, run_planner
-from orchestrator.simulator import simulate
+from orchestrator.protocol import StageSpec
+from orchestrator.simulator import schedule_inputs, simulate
 from webapp.common.exceptions import Conflict, InvalidInput, distinct_choices
 from webapp.devices.commands import command_build, device_command_send
 from webapp.devices.models import Device, LayerProfile, ModelSpec
@@ -279,8 +280,8 @@ def _stage_command_all(run: Run, name: str, **fields: Any) -> None:
         device_command_send(uid=rd.device.uid, command=command_build(name, run=run.pk, **fields))
 
 
-def stage_specs(*, run: Run, plan: Plan) -> dict[str, dict[str, Any]]:
-    """What each device of ``plan`` runs (agent.executor.StageSpec as JSON), by device uid."""
+def stage_specs(*, run: Run, plan: Plan) -> dict[str, StageSpec]:
+    """What each device of ``plan`` runs, by device uid."""
     profile, devices = run_planning_inputs(run=run)
     cm = build_cost_model(profile, devices)
     document = parse_plan(plan.document, profile=profile, devices=devices,
@@ -288,19 +289,23 @@ def stage_specs(*, run: Run, plan: Plan) -> dict[str, dict[str, Any]]:
     return spec_fields(run=run, document=document, cm=cm)
 
 
-def spec_fields(*, run: Run, document: PlanDocument, cm: CostModel) -> dict[str, dict[str, Any]]:
-    """The StageSpecs (as JSON, by device uid) of a plan document of ``run`` under ``cm``:
-    generation 0's; a recovery adds its generation and resume point."""
+def spec_fields(*, run: Run, document: PlanDocument, cm: CostModel) -> dict[str, StageSpec]:
+    """The StageSpecs (by device uid) of a plan document of ``run`` under ``cm``: generation
+    0's; a recovery replaces its generation and resume point. The schedule's inputs (each
+    replica's pace, the depths, the lanes) are the simulator's (``schedule_inputs``), so the
+    agents run the action lists the run's prediction was simulated with."""
     spec = run.model_spec
-    shared = {
+    inputs = schedule_inputs(cm, document)
+    shared: dict[str, Any] = {
         "run": run.pk, "model": spec.model, "dataset": spec.dataset,
         "batch_size": spec.batch_size, "schedule": run.schedule,
-        "stage_devices": [list(s.devices) for s in document.stages],
-        "stage_times_s": [[cm.device_s(cm.index(d), s.first, s.last) for d in s.devices]
-                          for s in document.stages],
+        "stage_devices": inputs.stage_devices, "stage_times_s": inputs.stage_times_s,
         "microbatches": run.total_microbatches,
         "flush_every": run.microbatches,
-        "inflight": None if document.inflight is None else list(document.inflight),
+        "inflight": None if document.inflight is None else inputs.inflight,
+        "lag": None if document.lag is None else inputs.lag,
+        "replica_inflight": tuple(sorted(inputs.replica_inflight.items())),
+        "two_lanes": inputs.two_lanes,
         "lr": run.lr, "momentum": run.momentum, "seed": run.pk,
         # 1F1B's answers to stale weights; GPipe has none (docs/architecture.md)
         "vertical_sync": run.vertical_sync and run.schedule == "1f1b",
@@ -309,7 +314,8 @@ def spec_fields(*, run: Run, document: PlanDocument, cm: CostModel) -> dict[str,
         "chain_every": run.chain_every * run.microbatches,
         "global_every": run.global_every * run.microbatches,
     }
-    return {uid: {**shared, "device": uid, "stage": k, "layers": [stage.first, stage.last]}
+    return {uid: StageSpec(**shared, device=uid, stage=k, layers=(stage.first, stage.last),
+                           lane_shares=inputs.lane_shares.get(uid))
             for k, stage in enumerate(document.stages) for uid in stage.devices}
 
 
@@ -333,14 +339,14 @@ def _deploy(run: Run, plan: Plan) -> Run:
     peers = {uid: run_devices[uid].device.data_address for uid in specs}
     for uid, rd in run_devices.items():
         spec = specs.get(uid)
-        rd.stage = None if spec is None else spec["stage"]
+        rd.stage = None if spec is None else spec.stage
         rd.stage_state = (RunDevice.StageState.IDLE if spec is None
                           else RunDevice.StageState.DEPLOYING)
         rd.stage_error = ""
         rd.save(update_fields=["stage", "stage_state", "stage_error"])
         if spec is not None:
-            device_command_send(uid=uid, command=command_build("deploy", run=run.pk, spec=spec,
-                                                               peers=peers))
+            device_command_send(uid=uid, command=command_build(
+                "deploy", run=run.pk, spec=spec.to_json(), peers=peers))
     return run
 
 

@@ -177,6 +177,7 @@ def test_every_stage_spec_carries_the_runs_vertical_sync_and_aggregation(setting
     run, plan = planned(**settings)
     specs = services.stage_specs(run=run, plan=plan)
     assert len(specs) > 1
-    assert {(s["vertical_sync"], s["aggregate_every"]) for s in specs.values()} == {sent}
+    assert {(s.vertical_sync, s.aggregate_every) for s in specs.values()} == {sent}
+    sent_json = [s.to_json() for s in specs.values()]
     assert all(type(s["vertical_sync"]) is bool and type(s["aggregate_every"]) is int
-               for s in specs.values())
+               for s in sent_json)

@@ -101,7 +101,9 @@ def test_planning_stores_prediction_and_simulation_and_moves_the_run_to_planned(
         assert plan.stages == len(plan.document["stages"])
     # the simulator sees pipeline fill and drain that the steady-state cost model does not
     assert plans["ftpipehd"].simulated_throughput_sps < plans["ftpipehd"].throughput_sps
-    assert "beta" in plans["duanwu"].document
+    # single-resource devices: a beta split brings nothing, and the plan says so
+    assert "beta" not in plans["duanwu"].document
+    assert "beta brings nothing" in plans["duanwu"].document["notes"][0]
 
 
 def test_planning_fails_the_run_with_a_readable_error_when_a_profile_is_missing(
