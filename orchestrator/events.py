@@ -182,7 +182,8 @@ def idle_breakdown(events: Sequence[TimelineEvent], *, window: tuple[float, floa
     """Busy and idle time of one device's events over ``window``.
 
     Each idle gap is charged to the operation that ends it: a forward waits upstream, a
-    backward downstream, an aggregate for its replicas; the first forward and the first
+    backward downstream, an aggregate or an update for its replicas (an update waits only for
+    the gradient another replica sends); the first forward and the first
     backward of a weight version (GPipe) or of the run (1F1B), and the time after the last
     operation, are the bubble.
     """
@@ -194,8 +195,8 @@ def idle_breakdown(events: Sequence[TimelineEvent], *, window: tuple[float, floa
     for e in compute:
         epoch = e.version if schedule == "gpipe" else 0
         key = (e.kind, epoch)
-        reason = {"forward": "upstream", "backward": "downstream", "aggregate": "sync"}.get(
-            e.kind, "bubble")
+        reason = {"forward": "upstream", "backward": "downstream", "aggregate": "sync",
+                  "update": "sync"}.get(e.kind, "bubble")
         if e.kind in ("forward", "backward") and key not in seen_first:
             seen_first.add(key)
             reason = "bubble"
