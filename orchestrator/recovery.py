@@ -53,6 +53,7 @@ __all__ = [
     "Part",
     "RecoveryError",
     "RestorePlan",
+    "group_shrinks",
     "repartition_decision",
     "restore_plan",
     "resume_point",
@@ -374,6 +375,15 @@ def repartition_decision(*, measured_period_s: float, new_period_s: float,
     redo = _count("redo_microbatches", redo_microbatches)
     return Decision(saved_s=(measured - period) * remaining,
                     cost_s=moving / bandwidth + restart + redo * period)
+
+
+def group_shrinks(old: Plan, failed: Collection[str]) -> bool:
+    """Did the failure take replicas only: every stage keeps a device, and some stage lost
+    one? Then the plan goes on with its groups shrunk (:func:`successor_takes_over` moves
+    no layer)."""
+    gone = set(failed)
+    return (all(set(s.devices) - gone for s in old.stages)
+            and any(gone & set(s.devices) for s in old.stages))
 
 
 def successor_takes_over(cm: CostModel, old: Plan, failed: Collection[str], *,

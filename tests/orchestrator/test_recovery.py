@@ -20,6 +20,7 @@ from orchestrator.recovery import (
     Part,
     RecoveryError,
     RestorePlan,
+    group_shrinks,
     repartition_decision,
     restore_plan,
     resume_point,
@@ -472,3 +473,12 @@ def _profile_for_respipe() -> ModelProfile:
         Layer(name=f"l{i}", kind="dense", forward_s=0.01, backward_s=0.02,
                      output_bytes=1000, param_bytes=4000, activation_bytes=1000)
         for i in range(8)))
+
+
+def test_a_failure_that_took_replicas_only_shrinks_groups() -> None:
+    plan = Plan(algorithm="pipedream", schedule="1f1b", microbatches=4,
+                stages=(Stage((0, 1), ("a",)), Stage((2, 3), ("b", "c"))))
+    assert group_shrinks(plan, {"c"})  # b keeps the second stage
+    assert not group_shrinks(plan, {"a"})  # the first stage has no device left
+    assert not group_shrinks(plan, {"b", "c"})
+    assert not group_shrinks(plan, {"z"})  # nothing of the plan was lost

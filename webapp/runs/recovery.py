@@ -39,12 +39,14 @@ from orchestrator.capacity import apply_capacities, capacity_ratios, stage_secon
 from orchestrator.cost import CostModel, build_cost_model
 from orchestrator.errors import FormatError, PlanningError
 from orchestrator.formats import DeviceSet, ModelProfile, parse_plan
+from orchestrator.formats import Plan as PlanDocument
 from orchestrator.partition import LEARNED, run_planner
 from orchestrator.recovery import (
     CENTRAL,
     Decision,
     Holding,
     RestorePlan,
+    group_shrinks,
     repartition_decision,
     restore_plan,
     successor_takes_over,
@@ -300,16 +302,19 @@ def _replan(run: Run) -> Run:
         # the optimal planner's, another plan, which the decision had not priced)
         dynamic = recovery.get("cause") == "dynamic"
         algorithm = _dynamic_planner(run) if dynamic else RECOVERY_PLANNER
+        old = (parse_plan(recovery["plan"], profile=profile, devices=all_devices,
+                          file="the current plan") if recovery.get("plan") else None)
+        lost = set(recovery["lost"])
         if run.recovery_policy == "respipe" and not dynamic:  # the baseline: no re-plan
-            old = parse_plan(recovery["plan"], profile=profile, devices=all_devices,
-                             file="the current plan")
+            if old is None:
+                raise PlanningError("the run has no current plan for its successors to take "
+                                    "over")
             plan = successor_takes_over(cm, old, recovery["lost"], schedule=run.schedule,
                                         microbatches=run.microbatches)
             algorithm = plan.algorithm
         else:
             plan = run_planner(cm, algorithm, schedule=run.schedule,
                                microbatches=run.microbatches)
-        lost = set(recovery["lost"])
         if recovery.get("from_start"):
             # nothing trained: every stage is built from the run's seed, as at the start
             holdings: list[Holding] = []
@@ -319,6 +324,10 @@ def _replan(run: Run) -> Run:
                        if rd.holdings and rd.device.uid not in lost]
             holdings = _holdings(run, holders)
             restore = restore_plan(plan, holdings, profile, momentum=run.momentum > 0)
+            if (not dynamic and run.recovery_policy == "replan" and old is not None
+                    and group_shrinks(old, lost)):
+                plan, restore, algorithm, recovery["decision"] = _shrink_or_replan(
+                    run, cm, old, lost, holdings, profile, (plan, restore, algorithm))
     except (PlanningError, FormatError, ValueError, KeyError) as exc:
         return _fail(run, f"recovery {generation} failed: {exc}")
     if run.schedule == "gpipe" and restore.resume % run.microbatches:
@@ -370,6 +379,35 @@ def _replan(run: Run) -> Run:
     run.recovery = recovery
     run.save(update_fields=["recovery"])
     return run
+
+
+def _shrink_or_replan(run: Run, cm: CostModel, old: PlanDocument, lost: set[str],
+                      holdings: Sequence[Holding], profile: ModelProfile,
+                      replanned: tuple[PlanDocument, RestorePlan, str]
+                      ) -> tuple[PlanDocument, RestorePlan, str, dict[str, Any]]:
+    """A lost replica: keep the plan with its group shrunk (nothing moves) or deploy the
+    re-plan, whichever the break-even of a dynamic re-partition prefers: the re-plan when the
+    time it saves over the remaining micro-batches exceeds moving its weights. Returns the
+    choice and its two sides (the ``repartitioned`` event's detail)."""
+    shrunk = successor_takes_over(cm, old, lost, schedule=run.schedule,
+                                  microbatches=run.microbatches)
+    shrunk = replace(shrunk, algorithm=f"{old.algorithm}, shrunk")
+    kept = restore_plan(shrunk, holdings, profile, momentum=run.momentum > 0)
+    plan, restore, _ = replanned
+    if shrunk.predicted is None or plan.predicted is None:
+        return (*replanned, {})
+    decision = repartition_decision(
+        measured_period_s=shrunk.predicted.period_s, new_period_s=plan.predicted.period_s,
+        remaining_microbatches=max(0, run.total_microbatches - kept.resume),
+        bytes_to_move=max(0, restore.bytes_moved - kept.bytes_moved),
+        bandwidth_bps=min(d.bandwidth_bps for d in cm.devices.devices), restart_s=0.0,
+        redo_microbatches=0)
+    detail = {"shrunk_period_s": shrunk.predicted.period_s,
+              "replanned_period_s": plan.predicted.period_s, **decision.to_json(),
+              "chosen": "replanned" if decision.move else "shrunk"}
+    if decision.move:
+        return (*replanned, detail)
+    return shrunk, kept, shrunk.algorithm, detail
 
 
 # --------------------------------------------------------------------------- commit, resume
@@ -429,9 +467,10 @@ def _checks(run: Run) -> int:
     return run.repartition_after * run.microbatches
 
 
-def measured_period_s(*, run: Run, since_s: float, last: str) -> float | None:
-    """Seconds per micro-batch through the last stage's device over its recent backwards."""
-    starts = list(TimelineEvent.objects.filter(run=run, device=last, kind="backward",
+def measured_period_s(*, run: Run, since_s: float, last: Sequence[str]) -> float | None:
+    """Seconds per micro-batch through the last stage (its ``last`` devices: replicas share
+    its micro-batches) over its recent backwards."""
+    starts = list(TimelineEvent.objects.filter(run=run, device__in=list(last), kind="backward",
                                                start__gte=since_s)
                   .order_by("-start").values_list("start", flat=True)[:MEASURED_MICROBATCHES])
     if len(starts) < 10:
@@ -493,7 +532,7 @@ def _repartition_decision(run: Run, progress: int) -> Decision | None:
         current = parse_plan(recovery["plan"], profile=profile, devices=all_devices,
                              file="the current plan")
         measured = measured_period_s(run=run, since_s=float(recovery.get("since_s", 0.0)),
-                                     last=current.stages[-1].devices[0])
+                                     last=current.stages[-1].devices)
         if measured is None:
             return None
         plan = run_planner(cm, _dynamic_planner(run), schedule=run.schedule,

@@ -26,14 +26,15 @@ def agent(device: Device, key: str | None = None) -> WebsocketCommunicator:
     return WebsocketCommunicator(application, "/ws/agent/", headers=headers)
 
 
-def planned_run(count: int = 3, *, algorithm: str = "ftpipehd", **fields: Any
+def planned_run(count: int = 3, *, algorithm: str = "ftpipehd",
+                device_fields: dict[str, Any] | None = None, **fields: Any
                 ) -> tuple[Run, list[Device]]:
     spec = ModelSpecFactory()
-    devices = [DeviceFactory(data_address="") for _ in range(count)]
+    devices = [DeviceFactory(data_address="", **(device_fields or {})) for _ in range(count)]
     for k, device in enumerate(devices):
         LayerProfileFactory(device=device, model_spec=spec, scale=1.0 + k)
     run = RunFactory(model_spec=spec, devices=devices, algorithms=[algorithm], microbatches=4,
-                     batches=2, **fields)
+                     **{"batches": 2, **fields})
     services.run_plan(run=run)
     run.refresh_from_db()
     assert run.state == Run.State.PLANNED
@@ -579,3 +580,44 @@ def test_a_deployment_nobody_answers_fails_the_run_in_time() -> None:
     assert run.state == Run.State.FAILED
     assert f"({devices[2].uid}) did not answer the deployment within 90 s" in run.error
     assert devices[0].uid not in run.error
+
+
+@pytest.mark.parametrize(("bandwidth_bps", "chosen"), [(12_500_000.0, "shrunk"),
+                                                       (100_000.0, "replanned")])
+def test_a_lost_replica_shrinks_its_group_or_replans_whichever_pays(bandwidth_bps: float,
+                                                                    chosen: str) -> None:
+    # data parallelism (bsp: one stage, three replicas); one replica's agent disappears. On
+    # fast links the two replicas left train faster than any re-plan: the group shrinks
+    # (nothing moves, the survivors hold the stage). On slow ones sharing gradients bounds
+    # them, and the re-plan (one device, no gradients to share) wins: every replica holds the
+    # whole model, so it moves nothing either, and the time it saves decides
+    run, devices = planned_run(algorithm="bsp", batches=50,
+                               device_fields={"bandwidth_bps": bandwidth_bps})
+
+    async def scenario() -> tuple[list[dict[str, Any]], Run]:
+        agents, specs = await _running(devices, run)()
+        assert all(s["stage_devices"] == [[d.uid for d in devices]] for s in specs)
+        await agents[1].disconnect()
+        survivors = [agents[0], agents[2]]
+        own = [{"layers": specs[0]["layers"], "applied": 4, "kind": "own"}]
+        _, deploys, _ = await _recover(survivors, [own, own], run)
+        recovered = await database_sync_to_async(Run.objects.get)(pk=run.pk)
+        for a in survivors:
+            await a.disconnect()
+        return deploys, recovered
+
+    deploys, recovered = async_to_sync(scenario)()
+    assert recovered.state == Run.State.RUNNING, recovered.error
+    event = FaultEvent.objects.get(run=run, kind="repartitioned")
+    assert event.detail["chosen"] == chosen
+    assert event.detail["saved_s"] is not None and event.detail["cost_s"] is not None
+    specs = [d["spec"] for d in deploys]
+    survivors = {devices[0].uid, devices[2].uid}
+    if chosen == "shrunk":
+        assert event.detail["planner"] == "bsp, shrunk"
+        assert all(s["stage_devices"] == [sorted(survivors, key=[d.uid for d in devices]
+                                                 .index)] for s in specs)
+        assert all(p["source"] == "self" for d in deploys for p in d["restore"])
+    else:
+        assert event.detail["planner"] == "optimal"
+        assert all(len(group) == 1 for s in specs for group in s["stage_devices"])
