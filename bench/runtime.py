@@ -9,7 +9,9 @@ slower than the others), then, for each model on scikit-learn's digits, trains o
 steady-state throughput against the simulator's prediction for the same plan and length. Then
 the same with the slow agent 10x slower: the heterogeneity-aware plans (FTPipeHD's, which keeps
 every device, and the optimal one, which may leave the slow device out) against the uniform one
-(FTPipeHD reports 6.8x over PipeDream in that setting).
+(FTPipeHD reports 6.8x over PipeDream in that setting). Then, on the 4x testbed, plans that
+serve a stage with a group of devices (bsp, duanwu, pipedream): their replicas share gradients
+over the data plane (docs/architecture.md, "Replicated stages and two lanes").
 
 The emulated devices share this machine's processors with the server, so every agent runs at
 least BASE_SLOWDOWN times slower than the machine (edge devices are slower than it still), so
@@ -61,6 +63,7 @@ def train(testbed: Any, spec: int, devices: list[dict[str, Any]], algorithm: str
 
 
 BASE_SLOWDOWN = 6.0
+SECTIONS = ("slow4", "slow10", "groups")
 
 
 DEFAULT_BATCHES = {"mlp": 150, "vgg5": 40}
@@ -119,6 +122,12 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8791)
     parser.add_argument("--batch-size", type=int, default=32, metavar="N",
                         help="samples per micro-batch (default 32)")
+    parser.add_argument("--sections", default=",".join(SECTIONS), metavar="A,B",
+                        help="which testbeds to run: slow4 (one agent 4x slower: uniform, "
+                             "FTPipeHD, optimal, one device alone), slow10 (10x slower: the "
+                             "heterogeneity-aware plans against uniform), groups (4x slower: "
+                             "plans with replicated stages, bsp, duanwu, pipedream); "
+                             f"default all ({','.join(SECTIONS)})")
     parser.add_argument("--no-replication", dest="replicate", action="store_false",
                         help="train without fault-tolerance replicas (chain_every and "
                              "global_every 0), to see what replication costs")
@@ -127,27 +136,47 @@ def main() -> None:
     var_dir = tempfile.mkdtemp(prefix="edgepipe-bench-")
     print(f"state and logs in {var_dir}", file=sys.stderr)
     setup_django(var_dir)
-    four = testbed_section(slowdown=4.0, port=args.port, models=models, batches=args.batches,
-                           algorithms=["uniform", "ftpipehd", "optimal"], single=True,
-                           replicate=args.replicate, batch_size=args.batch_size)
-    ten = testbed_section(slowdown=10.0, port=args.port + 1, models=models,
-                          batches=args.batches,
-                          algorithms=["uniform", "ftpipehd", "optimal"],
-                          single=False, replicate=args.replicate,
-                          batch_size=args.batch_size)
-    ratios = [r["ratio"] for r in (*four.values(), *ten.values()) if r["ratio"]]
-    speedups = {plan: {m: ten[f"{m}/{plan}"]["measured_sps"] / ten[f"{m}/uniform"]["measured_sps"]
-                       for m in models} for plan in ("ftpipehd", "optimal")}
-    for plan, label in (("ftpipehd", "FTPipeHD"), ("optimal", "optimal")):
-        print(f"\n{label} over uniform with one device 10x slower (measured): "
-              + ", ".join(f"{m} {s:.2f}x" for m, s in speedups[plan].items()), end="")
-    print()
-    print(f"measured / simulated: min {min(ratios):.2f}, mean {sum(ratios) / len(ratios):.2f}")
-    print(json.dumps({"bench": "runtime", "slow4": four, "slow10": ten,
-                      "ftpipehd_over_uniform_slow10": speedups["ftpipehd"],
-                      "optimal_over_uniform_slow10": speedups["optimal"],
-                      "measured_over_simulated_min": min(ratios),
-                      "measured_over_simulated_mean": sum(ratios) / len(ratios)}))
+    sections = [s for s in args.sections.split(",") if s]
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        parser.error(f"--sections: unknown section {unknown[0]!r}; known: {', '.join(SECTIONS)}")
+    common = {"models": models, "batches": args.batches, "replicate": args.replicate,
+              "batch_size": args.batch_size}
+    results: dict[str, dict[str, Any]] = {}
+    if "slow4" in sections:
+        results["slow4"] = testbed_section(slowdown=4.0, port=args.port, single=True,
+                                           algorithms=["uniform", "ftpipehd", "optimal"],
+                                           **common)
+    if "slow10" in sections:
+        results["slow10"] = testbed_section(slowdown=10.0, port=args.port + 1, single=False,
+                                            algorithms=["uniform", "ftpipehd", "optimal"],
+                                            **common)
+    if "groups" in sections:
+        # plans that put several devices on a stage: data parallelism, Duan-Wu's virtual
+        # workers, PipeDream's replicas (where it replicates)
+        results["groups"] = testbed_section(slowdown=4.0, port=args.port + 2, single=False,
+                                            algorithms=["bsp", "duanwu", "pipedream"],
+                                            **common)
+    ratios = [r["ratio"] for section in results.values() for r in section.values()
+              if r["ratio"]]
+    report: dict[str, Any] = {"bench": "runtime", **results}
+    if "slow10" in results:
+        ten = results["slow10"]
+        speedups = {plan: {m: ten[f"{m}/{plan}"]["measured_sps"]
+                           / ten[f"{m}/uniform"]["measured_sps"] for m in models}
+                    for plan in ("ftpipehd", "optimal")}
+        for plan, label in (("ftpipehd", "FTPipeHD"), ("optimal", "optimal")):
+            print(f"\n{label} over uniform with one device 10x slower (measured): "
+                  + ", ".join(f"{m} {s:.2f}x" for m, s in speedups[plan].items()), end="")
+        print()
+        report["ftpipehd_over_uniform_slow10"] = speedups["ftpipehd"]
+        report["optimal_over_uniform_slow10"] = speedups["optimal"]
+    if ratios:
+        print(f"measured / simulated: min {min(ratios):.2f}, "
+              f"mean {sum(ratios) / len(ratios):.2f}")
+        report["measured_over_simulated_min"] = min(ratios)
+        report["measured_over_simulated_mean"] = sum(ratios) / len(ratios)
+    print(json.dumps(report))
 
 
 if __name__ == "__main__":

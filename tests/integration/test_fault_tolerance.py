@@ -1,6 +1,7 @@
 """Fault tolerance with real processes: `manage.py demo --headless --kill-agent-at` trains the MLP
 on digits through three agent processes and SIGKILLs agents mid-run (the middle stage's, the last
-stage's, both at once; the middle stage's while the run is paused, `--pause-at`). The run
+stage's, both at once; the middle stage's while the run is paused, `--pause-at`; one replica of
+a data-parallel group). The run
 recovers on the survivors and finishes; every micro-batch's update is applied exactly once in
 the weights the run ends with; the loss goes on from where it was; the recovery is on the run's
 timeline. The run that loses two agents trains with SGD momentum, whose buffers travel with
@@ -27,12 +28,22 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 MICROBATCHES, BATCHES = 8, 150
 TOTAL = MICROBATCHES * BATCHES
 SCENARIOS = {"middle": "demo-slow", "last": "demo-slowlink", "two": "demo-slow,demo-slowlink",
-             "paused": "demo-slow"}
+             "paused": "demo-slow", "replica": "demo-slow"}
+# data parallelism (every device a replica of one stage): losing one shrinks the group, or
+# re-plans when that pays (docs/architecture.md, "Replicated stages and two lanes")
+PLAN = {"replica": "bsp"}
 # the run paused at 2 s and resumed 3 s later (once paused), the agent killed 1.5 s into the
 # pause: the pause takes effect about 0.1 s after it is asked for on an idle machine, but a
 # loaded one took over 0.5 s (CI, stop 22), and the agent was lost before the pause
-KILL_AT = {"paused": 3.5}
-EXTRA = {"paused": ["--pause-at", "2.0", "--pause-for", "3.0"], "two": ["--momentum", "0.5"]}
+KILL_AT = {"paused": 3.5,
+           # bsp shares every micro-batch's gradients over the demo's 20 Mbit/s link: about 6
+           # micro-batches a second, 160 by then
+           "replica": 25.0}
+# vertical sync (the run default) trains every stage on stage 0's stale versions: with momentum
+# 0.5 at lr 0.1 the MLP did not learn in 300 micro-batches (loss 2.2-3.4, against 0.66 without
+# it): the momentum scenario, about the buffers travelling with the weights, trains without it
+EXTRA = {"paused": ["--pause-at", "2.0", "--pause-for", "3.0"],
+         "two": ["--momentum", "0.5", "--no-vertical-sync"]}
 
 
 @pytest.fixture(scope="module")
@@ -40,11 +51,12 @@ def var(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("faults")  # shared: later scenarios reuse the profiles
 
 
-def demo(var: Path, kill: str, extra: list[str], kill_at: float = 2.5) -> dict[str, Any]:
+def demo(var: Path, kill: str, extra: list[str], kill_at: float = 3.5,
+         plan: str = "ftpipehd") -> dict[str, Any]:
     env = child_env(EDGEPIPE_VAR_DIR=str(var), DJANGO_SETTINGS_MODULE="webapp.settings.local")
     result = subprocess.run(
         [sys.executable, "manage.py", "demo", "--headless", "--port", str(free_port()),
-         "--model", "mlp", "--dataset", "digits", "--plan", "ftpipehd",
+         "--model", "mlp", "--dataset", "digits", "--plan", plan,
          "--microbatches", str(MICROBATCHES), "--batches", str(BATCHES),
          "--kill-agent-at", str(kill_at), "--kill-agent", kill,
          "--repartition-every", "0", *extra],  # the failure's recovery alone
@@ -64,7 +76,7 @@ def rows(var: Path, query: str, *args: Any) -> list[tuple[Any, ...]]:
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_a_killed_agent_s_run_recovers_and_finishes(var: Path, scenario: str) -> None:
     summary = demo(var, SCENARIOS[scenario], EXTRA.get(scenario, []),
-                   KILL_AT.get(scenario, 2.5))
+                   KILL_AT.get(scenario, 3.5), PLAN.get(scenario, "ftpipehd"))
     run = summary["run"]
     assert summary["state"] == "finished", summary
     uids = {name: uid for name, uid in rows(var, "SELECT name, uid FROM devices_device")}
@@ -87,6 +99,13 @@ def test_a_killed_agent_s_run_recovers_and_finishes(var: Path, scenario: str) ->
         [(detail,)] = rows(var, "SELECT detail FROM runs_faultevent WHERE run_id = ? AND "
                                 "kind = 'recovered'", run)
         assert json.loads(detail)["paused"] is True
+    if scenario == "replica":  # the group lost a replica: shrunk, or re-planned if it paid
+        [(first_plan,)] = rows(var, "SELECT plan FROM runs_generation WHERE run_id = ? AND "
+                                    "number = 0", run)
+        assert len(json.loads(first_plan)["stages"][0]["devices"]) == 3
+        [(detail,)] = rows(var, "SELECT detail FROM runs_faultevent WHERE run_id = ? AND "
+                                "kind = 'repartitioned'", run)
+        assert json.loads(detail)["chosen"] in ("shrunk", "replanned"), detail
 
     # exactly once: generation g trains micro-batches V_g .. V_(g+1) - 1 on each of its stages'
     # devices, each update once; what it did past V_(g+1) was rolled back by the recovery (the
@@ -99,17 +118,27 @@ def test_a_killed_agent_s_run_recovers_and_finishes(var: Path, scenario: str) ->
     bounds = [0.0, *replanned, float("inf")]
     for g, (number, plan, resume) in enumerate(generations):
         end = generations[g + 1][2] if g + 1 < len(generations) else TOTAL
-        devices = [d for stage in json.loads(plan)["stages"] for d in stage["devices"]]
-        assert not killed & set(devices) or number == 0
-        for device in devices:
-            updates = Counter(m for (m,) in rows(
-                var, "SELECT microbatch FROM runs_timelineevent WHERE run_id = ? AND device = ? "
-                     "AND kind = 'update' AND start >= ? AND start < ?",
-                run, device, bounds[g], bounds[g + 1]))
-            assert not [m for m in updates if m < resume or updates[m] > 1], (number, device)
-            if device not in killed:  # a killed agent's last events die with it, unsent
-                wanted = range(resume, end)
-                assert [m for m in wanted if updates[m] != 1] == [], (number, device)
+        groups = [stage["devices"] for stage in json.loads(plan)["stages"]]
+        assert not killed & {d for group in groups for d in group} or number == 0
+        for group in groups:
+            reached = []
+            for device in group:
+                updates = Counter(m for (m,) in rows(
+                    var, "SELECT microbatch FROM runs_timelineevent WHERE run_id = ? AND "
+                         "device = ? AND kind = 'update' AND start >= ? AND start < ?",
+                    run, device, bounds[g], bounds[g + 1]))
+                assert not [m for m in updates if m < resume or updates[m] > 1], (number, device)
+                # each update once, in order from the resume point (a replica applies its
+                # peers' updates lazily: halted, it may be short of the next resume point,
+                # which another copy then gives it)
+                done = sorted(m for m in updates if m < end)
+                assert done == list(range(resume, resume + len(done))), (number, device)
+                if device not in killed:  # a killed agent's last events die with it, unsent
+                    reached.append(resume + len(done))
+            if reached:  # some survivor of the stage got to the next resume point
+                assert max(reached) == end, (number, group, reached)
+                if len(group) == 1:
+                    assert reached == [end], (number, group)
 
     # the loss goes on from where it was (the weights were restored, not reset)
     losses = rows(var, "SELECT at, value FROM runs_metricpoint WHERE run_id = ? AND "

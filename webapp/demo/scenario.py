@@ -424,9 +424,12 @@ def run_demo(options: DemoOptions, *, say: Callable[[str], None] = print
         say(f"{len(testbed.devices)} devices online, {len(links)} links measured; profiling "
             f"{o.model} on {o.dataset}")
         spec = testbed.model_spec(model=o.model, dataset=o.dataset, batch_size=o.batch_size)
-        say(f"planning with {', '.join(o.algorithms)}")
+        # the plan asked for is planned too (--plan duanwu with the default planners)
+        algorithms = (o.algorithms if o.plan == "best" or o.plan in o.algorithms
+                      else (*o.algorithms, o.plan))
+        say(f"planning with {', '.join(algorithms)}")
         compared = testbed.plan(
-            spec, devices=testbed.devices, algorithms=o.algorithms, schedule=o.schedule,
+            spec, devices=testbed.devices, algorithms=algorithms, schedule=o.schedule,
             name=f"demo: {o.model} on {o.dataset} over {len(testbed.devices)} devices",
             microbatches=o.microbatches, batches=o.batches,
             repartition_every=o.repartition_every, momentum=o.momentum,
