@@ -399,9 +399,11 @@ class StageExecutor:
 
     def fixed_costs(self) -> FixedCosts | None:
         """What a micro-batch cost this stage beyond its paced passes and its waits, over the
-        steady state (agent.fixedcosts); None without warm times, on two lanes, or with too
-        few micro-batches."""
-        if self.warm_s is None or self.lanes:
+        steady state (agent.fixedcosts); None without warm times, with too few micro-batches,
+        on two lanes (no single thread's time is the stage's), or on a replica (it also
+        applies its peers' updates: counted per micro-batch of its own, that work read as the
+        device's overhead and slowed every later plan of it)."""
+        if self.warm_s is None or self.lanes or self.spec.replicated:
             return None
         return self.costs.costs()
 

@@ -71,15 +71,16 @@ DEFAULT_BATCHES = {"mlp": 150, "vgg5": 40}
 
 def testbed_section(*, slowdown: float, port: int, models: list[str], batches: int | None,
                     algorithms: list[str], single: bool, replicate: bool,
-                    batch_size: int) -> dict[str, Any]:
+                    batch_size: int, base_slowdown: float = BASE_SLOWDOWN) -> dict[str, Any]:
     from webapp.demo.scenario import DemoAgent, LocalTestbed
 
-    agents = [DemoAgent("rt-fast-a", slowdown=BASE_SLOWDOWN),
-              DemoAgent(f"rt-slow{slowdown:g}x", slowdown=BASE_SLOWDOWN * slowdown),
-              DemoAgent("rt-fast-c", slowdown=BASE_SLOWDOWN)]
+    agents = [DemoAgent("rt-fast-a", slowdown=base_slowdown),
+              DemoAgent(f"rt-slow{slowdown:g}x", slowdown=base_slowdown * slowdown),
+              DemoAgent("rt-fast-c", slowdown=base_slowdown)]
     out: dict[str, Any] = {}
     counts = {m: batches or DEFAULT_BATCHES.get(m, 40) for m in models}
-    print(f"\nThree agents, one {slowdown:g}x slower (on digits, 1F1B, batches of 8 "
+    print(f"\nThree agents {base_slowdown:g}x slower than this machine, one {slowdown:g}x "
+          f"slower still (on digits, 1F1B, batches of 8 "
           f"micro-batches of {batch_size}: "
           + ", ".join(f"{m} {n}" for m, n in counts.items()) + ")")
     header = (f"{'model':6} {'plan':10} {'stages':>6} {'measured sps':>12} "
@@ -128,6 +129,9 @@ def main() -> None:
                              "heterogeneity-aware plans against uniform), groups (4x slower: "
                              "plans with replicated stages, bsp, duanwu, pipedream); "
                              f"default all ({','.join(SECTIONS)})")
+    parser.add_argument("--base-slowdown", type=float, default=BASE_SLOWDOWN, metavar="X",
+                        help=f"how many times slower than this machine the fast agents are "
+                             f"(default {BASE_SLOWDOWN:g})")
     parser.add_argument("--no-replication", dest="replicate", action="store_false",
                         help="train without fault-tolerance replicas (chain_every and "
                              "global_every 0), to see what replication costs")
@@ -141,7 +145,7 @@ def main() -> None:
     if unknown:
         parser.error(f"--sections: unknown section {unknown[0]!r}; known: {', '.join(SECTIONS)}")
     common = {"models": models, "batches": args.batches, "replicate": args.replicate,
-              "batch_size": args.batch_size}
+              "batch_size": args.batch_size, "base_slowdown": args.base_slowdown}
     results: dict[str, dict[str, Any]] = {}
     if "slow4" in sections:
         results["slow4"] = testbed_section(slowdown=4.0, port=args.port, single=True,

@@ -234,3 +234,39 @@ def test_an_aggregation_is_the_mean_of_the_versions_it_names() -> None:
             assert torch.equal(param, torch.full((3,), 3.0))
     assert seen == [None, None, (1, 2, 3), None, None, (4, 5, 6)]
     assert torch.equal(param, torch.full((3,), 8.0))  # 7, 8, 9
+
+
+def test_replicas_and_two_lanes_measure_no_fixed_costs() -> None:
+    # a replica also applies its peers' updates, and two lanes have no single thread: what
+    # they measured would be read as the device's overhead, and slow every later plan of it
+    from agent.profiler import profile_model, warm_times
+
+    warm = warm_times(profile_model(build_model("mlp", input_shape=DIGITS.input_shape,
+                                                num_classes=10),
+                                    batch_size=16, reference="self", progress=False),
+                      slowdown=1.0)
+    costs = {}
+    for name, groups, lanes in (("replicas", [["a", "b"]], ()), ("lanes", [["a"]], ("a",)),
+                                ("alone", [["a"]], ())):
+        plane = DataPlane(bind="tcp://127.0.0.1:0")
+        other = DataPlane(bind="tcp://127.0.0.1:0")
+        plane.connect("b", other.address)
+        try:
+            spec = StageSpec(run=1, device="a", stage=0, layers=(0, 3), model="mlp",
+                             dataset="digits", batch_size=16, schedule="1f1b",
+                             stage_devices=tuple(tuple(g) for g in groups),
+                             stage_times_s=tuple(tuple(1.0 for _ in g) for g in groups),
+                             microbatches=60, two_lanes=lanes,
+                             lane_shares=(0.5, 0.5) if lanes else None, inflight=(1,),
+                             lag=(2,) if len(groups[0]) > 1 else None)
+            executor = StageExecutor(spec, module=build_model(
+                "mlp", input_shape=DIGITS.input_shape, num_classes=10).stage(0, 3),
+                plane=plane, clock=Clock(time.time()), dataset=DIGITS, warm=warm)
+            if name != "replicas":
+                executor.run()
+            costs[name] = executor.fixed_costs()
+        finally:
+            plane.close()
+            other.close()
+    assert costs["replicas"] is None and costs["lanes"] is None
+    assert costs["alone"] is not None
