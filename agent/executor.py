@@ -548,6 +548,8 @@ class StageExecutor:
             inputs, labels = self.dataset.microbatch(m, self.spec.batch_size, seed=self.spec.seed)
             version = self._forward_version(m, None)
             header_version = version
+            # the oldest version a forward to come may use (vertical sync keeps those after)
+            self.latest_header_version = max(self.latest_header_version, header_version)
             if not self.spec.last:
                 self._send("labels", self.spec.num_stages - 1, m, header_version, labels)
         else:

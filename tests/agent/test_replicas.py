@@ -270,3 +270,24 @@ def test_replicas_and_two_lanes_measure_no_fixed_costs() -> None:
             other.close()
     assert costs["replicas"] is None and costs["lanes"] is None
     assert costs["alone"] is not None
+
+
+def test_vertical_sync_keeps_only_the_versions_a_micro_batch_may_still_use() -> None:
+    # regression: stage 0 kept a snapshot of every version for the whole run (its oldest
+    # version still needed was taken from activations' headers, which only later stages get)
+    layers = [(0, 1), (2, 2), (3, 3)]
+    kept: dict[str, int] = {}
+    original = StageExecutor.run
+
+    def run(self: StageExecutor) -> StageResult:
+        result = original(self)
+        kept[self.spec.device] = len(self.versions.snapshots)
+        return result
+
+    StageExecutor.run = run  # type: ignore[method-assign]
+    try:
+        train(layers, [["a"], ["b"], ["c"]], inflight=(3, 2, 1), microbatches=60,
+              vertical_sync=True)
+    finally:
+        StageExecutor.run = original  # type: ignore[method-assign]
+    assert kept["a"] <= 4 and kept["b"] <= 4 and kept["c"] <= 4, kept
