@@ -26,9 +26,10 @@ Configurations: aggregation off, and ``StageSpec(aggregate_every=K)`` for each K
 version, never does). Each seed (the model's initialisation and the data order, the same for
 every configuration) trains every configuration, the order rotated from seed to seed, so that
 the machine's noise (wall time only: training is deterministic) falls on each alike; an
-untimed warm-up pipeline of a few micro-batches runs first. Prints a
-table (held-out accuracy: mean and min-max over the seeds; the training loss of the last epoch;
-wall time per run) and, last, one JSON line with every run's figures. Progress on stderr.
+untimed warm-up pipeline of a few micro-batches runs first. Prints a table (held-out accuracy:
+mean and min-max over the seeds, and the paired difference from the same seed without
+aggregation; the training loss of the last epoch; wall time per run) and, last, one JSON line
+with every run's figures. Progress on stderr.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ PAPER: dict[str, Any] = {"model": "mobilenetv2", "dataset": "CIFAR-10", "with": 
                          "without": 0.8078}
 DEFAULTS: dict[str, Any] = {"epochs": 20, "seeds": 3, "every": "1,2,4", "batch_size": 16,
                             "lr": 0.01, "momentum": 0.9}
-QUICK: dict[str, Any] = {"epochs": 6, "seeds": 1}
+QUICK: dict[str, Any] = {"epochs": 6, "seeds": 2}
 
 
 @dataclass
@@ -88,10 +89,14 @@ def label(every: int) -> str:
 def train(dataset: Dataset, *, model: str = "mlp", stages: int = 4, epochs: float = 1.0,
           batch_size: int = 16, lr: float = 0.05, momentum: float = 0.9, seed: int = 0,
           aggregate_every: int = 0, vertical_sync: bool = True,
-          microbatches: int | None = None) -> Run:
+          microbatches: int | None = None, threads: int = 1) -> Run:
     """Train ``model`` on ``dataset`` over ``stages`` uniform stages, one StageExecutor per
     stage on its own thread and data plane, ``epochs`` epochs of the training part (or
-    ``microbatches``), and evaluate the composed model on the held-out part."""
+    ``microbatches``), and evaluate the composed model on the held-out part. Each stage's
+    thread sets torch's ``threads`` itself, as the agent's worker threads do (runtime.spawn):
+    a thread that does not runs its matrix products on an OpenMP team of every core (here the
+    MLP's first stage then took 6 ms a forward instead of 0.1, and runs without aggregation,
+    which never ran an op that sets it up, took 2-4x as long as runs with it)."""
     zoo = build_model(model, input_shape=dataset.input_shape, num_classes=dataset.num_classes,
                       seed=seed)
     if not 1 <= stages <= zoo.num_layers:
@@ -125,6 +130,7 @@ def train(dataset: Dataset, *, model: str = "mlp", stages: int = 4, epochs: floa
             seed=seed, vertical_sync=vertical_sync, aggregate_every=aggregate_every,
             receive_timeout_s=60)
         try:
+            torch.set_num_threads(threads)
             executor = StageExecutor(spec, module=modules[k], plane=planes[k], clock=clock,
                                      dataset=dataset if k == 0 else None, stop=stop,
                                      on_metric=metrics.append if k == stages - 1 else None)
@@ -133,14 +139,14 @@ def train(dataset: Dataset, *, model: str = "mlp", stages: int = 4, epochs: floa
             errors.append(exc)
             stop.set()
 
-    threads = [threading.Thread(target=run, args=(k,), name=f"stage-{k}")
+    workers = [threading.Thread(target=run, args=(k,), name=f"stage-{k}")
                for k in range(stages)]
     began = time.perf_counter()
     try:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
     finally:
         for plane in planes:
             plane.close()
@@ -239,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="each stage forwards on its own latest weights (default: vertical "
                              "sync on, the run default)")
     parser.add_argument("--quick", action="store_true",
-                        help=f"a smoke run: {QUICK['seeds']} seed, {QUICK['epochs']} epochs")
+                        help=f"a smoke run: {QUICK['seeds']} seeds, {QUICK['epochs']} epochs")
     args = parser.parse_args(argv)
     preset = {**DEFAULTS, **(QUICK if args.quick else {})}
     seeds = args.seeds if args.seeds is not None else int(preset["seeds"])
@@ -255,8 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = {"model": args.model, "dataset": args.dataset, "stages": args.stages,
                 "epochs": epochs, "batch_size": args.batch_size, "lr": args.lr,
                 "momentum": args.momentum, "vertical_sync": args.vertical_sync}
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a thread per stage: no stage's work fights another's for cores
+    threads = torch.get_num_threads()  # the stages' threads set theirs (train)
     runs: list[Run] = []
     began = time.monotonic()
     try:

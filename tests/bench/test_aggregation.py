@@ -15,7 +15,7 @@ from bench.aggregation import main, train
 
 @pytest.fixture(autouse=True)
 def _torch_threads() -> Iterator[None]:
-    # the bench runs a thread per stage on one of torch's threads; give back the suite's
+    # each stage's thread sets torch's threads to one: give the suite back its own
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
@@ -46,7 +46,6 @@ def test_a_tiny_run_reports_every_configuration(capsys: pytest.CaptureFixture[st
 def test_aggregation_changes_what_is_trained() -> None:
     # Prepare: the same seed trained twice without aggregation and once with it
     digits = load_dataset("digits")
-    torch.set_num_threads(1)
 
     def weights(aggregate_every: int) -> list[torch.Tensor]:
         run = train(digits, microbatches=30, seed=1, aggregate_every=aggregate_every)
