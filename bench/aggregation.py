@@ -74,6 +74,7 @@ class Run:
     aggregate_every: int
     seed: int
     model: nn.Module
+    cuts: list[tuple[int, int]]  # each stage's layers
     results: list[StageResult]
     losses: list[float]  # the last stage's training loss, by micro-batch
     wall_s: float
@@ -154,7 +155,7 @@ def train(dataset: Dataset, *, model: str = "mlp", stages: int = 4, epochs: floa
     if errors:
         raise RuntimeError(f"the pipeline failed: {errors[0]!r}") from errors[0]
     losses = [m.value for m in sorted(metrics, key=lambda m: m.microbatch) if m.name == "loss"]
-    trained = Run(aggregate_every=aggregate_every, seed=seed, model=zoo.full(),
+    trained = Run(aggregate_every=aggregate_every, seed=seed, model=zoo.full(), cuts=cuts,
                   results=[r for r in results if r is not None], losses=losses, wall_s=wall_s)
     trained.accuracy, trained.held_out_loss = evaluate(trained.model, dataset)
     last_epoch = losses[-min(per_epoch, len(losses)):]
@@ -254,12 +255,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         every = sorted({int(e) for e in (args.every or str(preset["every"])).split(",") if e})
     except ValueError:
         parser.error("--every: comma-separated integers")
-    if any(e < 1 for e in every) or seeds < 1 or epochs <= 0 or args.stages < 1:
-        parser.error("--every values, --seeds, --epochs and --stages must be positive")
+    if any(e < 1 for e in every) or seeds < 1 or epochs <= 0 or args.stages < 1 or (
+            args.microbatches is not None and args.microbatches < 1):
+        parser.error("--every values, --seeds, --epochs, --microbatches and --stages must be "
+                     "positive")
     configs = [0, *every]
     dataset = load_dataset(args.dataset)
+    if not 1 <= args.batch_size <= len(dataset.y_train):
+        parser.error(f"--batch-size: 1 to the {len(dataset.y_train)} training samples")
+    per_epoch = len(dataset.y_train) // args.batch_size
+    microbatches = args.microbatches or max(1, round(epochs * per_epoch))
+    epochs = microbatches / per_epoch
     settings = {"model": args.model, "dataset": args.dataset, "stages": args.stages,
-                "epochs": epochs, "batch_size": args.batch_size, "lr": args.lr,
+                "epochs": round(epochs, 3), "batch_size": args.batch_size, "lr": args.lr,
                 "momentum": args.momentum, "vertical_sync": args.vertical_sync}
     threads = torch.get_num_threads()  # the stages' threads set theirs (train)
     runs: list[Run] = []
@@ -275,11 +283,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 shift = seed % len(configs)
                 for every_k in configs[shift:] + configs[:shift]:
                     bar.set_postfix_str(f"seed {seed}, {label(every_k)}")
-                    run = train(dataset, model=args.model, stages=args.stages, epochs=epochs,
+                    run = train(dataset, model=args.model, stages=args.stages,
                                 batch_size=args.batch_size, lr=args.lr,
                                 momentum=args.momentum, seed=seed, aggregate_every=every_k,
-                                vertical_sync=args.vertical_sync,
-                                microbatches=args.microbatches)
+                                vertical_sync=args.vertical_sync, microbatches=microbatches)
                     runs.append(run)
                     bar.write(f"seed {seed}, {label(every_k)}: held-out accuracy "
                               f"{100 * run.accuracy:.2f}%, {run.wall_s:.1f} s", file=sys.stderr)
@@ -288,15 +295,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(threads)
     took = time.monotonic() - began
     rows = summarize(runs, configs)
-    first = runs[0]
-    cuts = uniform_cuts(build_model(args.model, input_shape=dataset.input_shape,
-                                    num_classes=dataset.num_classes).num_layers, args.stages)
+    cuts = runs[0].cuts
     print(f"\n{args.model} on {args.dataset} ({len(dataset.y_train)} training, "
           f"{len(dataset.y_test)} held out), {args.stages} stages {cuts}, 1F1B with in-flight "
           f"depths {[args.stages - k for k in range(args.stages)]}, vertical sync "
           f"{'on' if args.vertical_sync else 'off'}, SGD lr {args.lr:g} momentum "
-          f"{args.momentum:g}; {first.figures['microbatches']} micro-batches of "
-          f"{args.batch_size} ({epochs:g} epochs) a run, seeds 0..{seeds - 1}. Held-out "
+          f"{args.momentum:g}; {microbatches} micro-batches of {args.batch_size} "
+          f"({epochs:.3g} epochs) a run, seeds 0..{seeds - 1}. Held-out "
           f"accuracy of the composed model; vs off = the same seed's difference; train loss = "
           f"the last epoch's mean; wall s = per run.")
     print(HEADER)
@@ -308,7 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{100 * (PAPER['with'] - PAPER['without']):+.2f} points; {took:.0f} s in all)")
     print(json.dumps({
         "bench": "aggregation", **settings, "cuts": cuts,
-        "microbatches": first.figures["microbatches"], "seeds": list(range(seeds)),
+        "microbatches": microbatches, "seeds": list(range(seeds)),
         "configs": rows, "paper": PAPER, "seconds": round(took, 1),
         "runs": [r.figures for r in runs]}))
     return 0
