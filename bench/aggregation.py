@@ -14,10 +14,10 @@ the model from the zoo (default the MLP on scikit-learn's digits) cut uniformly 
 and its own ZeroMQ data plane on 127.0.0.1, under 1F1B with PipeDream's in-flight depths
 (stage k keeps S - k micro-batches in flight), weight stashing and vertical sync (the run
 default), SGD with momentum 0.9 and lr 0.01 (with lr 0.05 the MLP's 4-stage pipeline, every
-forward 3 updates stale, diverged to chance accuracy with and without aggregation; at 0.01 it
-trains stably: 20 epochs reach a training loss of 0.01-0.05 and 91-93% held out, 30 epochs
-about the same). Stage 0 reads ``--epochs`` epochs of the training part
-(agent/data.py: a fresh permutation each epoch, from the seed); afterwards the stages' trained
+forward 3 updates stale, diverged to near chance, 9-19% held out, with and without
+aggregation; at 0.01 it trains stably: 20 epochs reach a training loss of 0.01-0.05 and
+91-93% held out, 30 epochs about the same). Stage 0 reads ``--epochs`` epochs of the training
+part (agent/data.py: a fresh permutation each epoch, from the seed); afterwards the stages' trained
 layers, composed into the whole model, are evaluated on the held-out part (the last 20% of the
 digits; eval mode, so batch norm uses its running statistics).
 
