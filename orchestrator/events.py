@@ -39,15 +39,19 @@ class TimelineEvent:
     start: float
     end: float
     bytes: int = 0
+    pipeline: int = 0  # which of the run's pipelines (written only when not 0)
 
     @property
     def duration_s(self) -> float:
         return self.end - self.start
 
     def to_json(self) -> dict[str, Any]:
-        return {"run": self.run, "device": self.device, "stage": self.stage, "kind": self.kind,
-                "microbatch": self.microbatch, "version": self.version, "start": self.start,
-                "end": self.end, "bytes": self.bytes}
+        out = {"run": self.run, "device": self.device, "stage": self.stage, "kind": self.kind,
+               "microbatch": self.microbatch, "version": self.version, "start": self.start,
+               "end": self.end, "bytes": self.bytes}
+        if self.pipeline:
+            out["pipeline"] = self.pipeline
+        return out
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,7 @@ class FaultEvent:
 
 
 _EVENT_REQUIRED = ("run", "device", "stage", "kind", "microbatch", "version", "start", "end")
-_EVENT_FIELDS = frozenset((*_EVENT_REQUIRED, "bytes"))
+_EVENT_FIELDS = frozenset((*_EVENT_REQUIRED, "bytes", "pipeline"))
 
 
 def _count(value: Any) -> bool:
@@ -87,18 +91,19 @@ def parse_event(raw: Any, *, file: str = "<input>", path: str = "") -> TimelineE
             and raw["kind"] in EVENT_KINDS and type(raw["device"]) is str
             and raw["device"].strip()
             and all(_count(raw[k]) for k in ("run", "stage", "microbatch", "version"))
-            and _count(raw.get("bytes", 0)) and _seconds(raw["start"]) and _seconds(raw["end"])
-            and raw["end"] >= raw["start"]):
+            and _count(raw.get("bytes", 0)) and _count(raw.get("pipeline", 0))
+            and _seconds(raw["start"]) and _seconds(raw["end"]) and raw["end"] >= raw["start"]):
         return TimelineEvent(run=raw["run"], device=raw["device"], stage=raw["stage"],
                              kind=raw["kind"], microbatch=raw["microbatch"],
                              version=raw["version"], start=float(raw["start"]),
-                             end=float(raw["end"]), bytes=raw.get("bytes", 0))
+                             end=float(raw["end"]), bytes=raw.get("bytes", 0),
+                             pipeline=raw.get("pipeline", 0))
     return _parse_event_strict(raw, At(file, path))
 
 
 def _parse_event_strict(raw: Any, at: At) -> TimelineEvent:
     """:func:`parse_event` field by field, each failure naming its field."""
-    obj = expect_object(raw, at, _EVENT_REQUIRED, ("bytes",))
+    obj = expect_object(raw, at, _EVENT_REQUIRED, ("bytes", "pipeline"))
     kind = obj["kind"]
     if kind not in EVENT_KINDS:
         raise at.key("kind").fail(f"must be one of {', '.join(EVENT_KINDS)}", kind)
@@ -116,6 +121,7 @@ def _parse_event_strict(raw: Any, at: At) -> TimelineEvent:
         start=start,
         end=end,
         bytes=expect_integer(obj.get("bytes", 0), at.key("bytes")),
+        pipeline=expect_integer(obj.get("pipeline", 0), at.key("pipeline")),
     )
 
 

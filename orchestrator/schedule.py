@@ -8,7 +8,10 @@ run cannot drift apart. An action is (stage, kind, micro-batch) with the short s
 - ``F``: forward pass of a micro-batch (then send the activation downstream);
 - ``B``: backward pass (then send the gradient upstream);
 - ``A``: the stage's replicas share gradients (stages on several devices, below);
-- ``U``: apply the update to the stage's weights (a new weight version).
+- ``U``: apply the update to the stage's weights (a new weight version);
+- ``G``: average the stage's weights with the other members of its aggregation group
+  (FedAvg, weighted by samples: the stage's copies in several pipelines), at the end of a
+  round; labelled by the round's last micro-batch. The weights change, the version does not.
 
 Schedules:
 
@@ -45,37 +48,43 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from orchestrator.formats import SCHEDULES
 
-ACTION_KINDS = ("F", "B", "A", "U")
-_ACTION = re.compile(r"^(\d+)([FBAU])(\d+)$")
+ACTION_KINDS = ("F", "B", "A", "U", "G")
+_ACTION = re.compile(r"^(?:p(\d+):)?(\d+)([FBAUG])(\d+)$")
 
 
 @dataclass(frozen=True)
 class Action:
+    """``kind`` of micro-batch ``microbatch`` at ``stage`` of ``pipeline`` (a run may train
+    several pipelines: split learning one per client, PipeLearn one per device)."""
+
     stage: int
     kind: str
     microbatch: int
+    pipeline: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in ACTION_KINDS:
             raise ValueError(f"unknown action kind {self.kind!r}; known: {', '.join(ACTION_KINDS)}")
-        if self.stage < 0 or self.microbatch < 0:
-            raise ValueError(f"stage and micro-batch must not be negative: {self!r}")
+        if min(self.stage, self.microbatch, self.pipeline) < 0:
+            raise ValueError(f"pipeline, stage and micro-batch must not be negative: {self!r}")
 
     def __str__(self) -> str:
-        return f"{self.stage}{self.kind}{self.microbatch}"
+        head = f"p{self.pipeline}:" if self.pipeline else ""
+        return f"{head}{self.stage}{self.kind}{self.microbatch}"
 
     @classmethod
     def parse(cls, text: str) -> Action:
         match = _ACTION.match(text.strip())
         if match is None:
-            raise ValueError(f"not an action: {text!r} (expected stage, F/B/A/U, micro-batch, "
-                             "such as '1F5')")
-        return cls(stage=int(match[1]), kind=match[2], microbatch=int(match[3]))
+            raise ValueError(f"not an action: {text!r} (expected [p<pipeline>:]stage, "
+                             "F/B/A/U/G, micro-batch, such as '1F5' or 'p2:0U7')")
+        return cls(pipeline=int(match[1] or 0), stage=int(match[2]), kind=match[3],
+                   microbatch=int(match[4]))
 
 
 @dataclass(frozen=True)
@@ -103,6 +112,7 @@ class Schedule:
     two_lanes: frozenset[str] = frozenset()  # devices running forwards on a lane of their own
     inflight: tuple[int, ...] = ()  # 1F1B: micro-batches each stage keeps in flight
     lag: tuple[int, ...] = ()  # 1F1B: a replicated stage forwards m on the updates up to m - lag
+    pipeline: int = 0
 
     def device_for(self, stage: int, microbatch: int) -> str:
         return self.replica[stage][microbatch]
@@ -272,7 +282,8 @@ def build_schedule(*, name: str, stage_devices: Sequence[Sequence[str]],
                    inflight: Sequence[int] | None = None,
                    lag: Sequence[int] | None = None,
                    replica_inflight: Mapping[str, int] | None = None,
-                   two_lanes: Sequence[str] = ()) -> Schedule:
+                   two_lanes: Sequence[str] = (), pipeline: int = 0,
+                   rounds: Mapping[int, int] | None = None) -> Schedule:
     """Action lists for a pipeline of ``stage_devices`` (replicas per stage, in pipeline order)
     whose replicas take ``stage_times_s`` per micro-batch, over ``microbatches`` micro-batches.
 
@@ -283,7 +294,10 @@ def build_schedule(*, name: str, stage_devices: Sequence[Sequence[str]],
     :func:`orchestrator.cost.choose_lag`); ``replica_inflight``: the span of micro-batches a
     replica keeps in flight (default its stage's depth; see
     :func:`orchestrator.cost.replica_inflight`). ``two_lanes``: the devices that run their
-    forwards on a lane of their own (a Duan-Wu split).
+    forwards on a lane of their own (a Duan-Wu split). ``pipeline``: which of the run's
+    pipelines this is (its actions carry it). ``rounds``: {stage: micro-batches per round} for
+    the stages in an aggregation group, which average their weights (``G``) after the update
+    of each round's last micro-batch (under GPipe a round is a whole number of batches).
     """
     if name not in SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {name!r}")
@@ -305,6 +319,16 @@ def build_schedule(*, name: str, stage_devices: Sequence[Sequence[str]],
     unknown = sorted(set(two_lanes) - set(every))
     if unknown:
         raise ValueError(f"two_lanes names {unknown[0]!r}, which serves no stage")
+    for k, length in (rounds or {}).items():
+        if not 0 <= k < len(stage_devices) or length < 1:
+            raise ValueError(f"rounds: stage {k} of {len(stage_devices)}, {length} "
+                             "micro-batches a round")
+        if len(stage_devices[k]) > 1 or stage_devices[k][0] in two_lanes:
+            raise ValueError(f"rounds: stage {k} is replicated or on two lanes; an aggregation "
+                             "group averages stages on one device each, on one lane")
+        if name == "gpipe" and length % flush:
+            raise ValueError(f"rounds: under gpipe a round is whole batches of {flush}, "
+                             f"not {length} micro-batches")
     num_stages = len(stage_devices)
     replica: list[tuple[str, ...]] = []
     actions: dict[str, tuple[Action, ...]] = {}
@@ -327,11 +351,26 @@ def build_schedule(*, name: str, stage_devices: Sequence[Sequence[str]],
                                             two_lanes=device in two_lanes)
             else:
                 acts = _one_f_one_b(k, mine, depth)
-            actions[device] = tuple(acts)
+            if rounds and k in rounds:
+                acts = _with_rounds(acts, rounds[k])
+            actions[device] = tuple(replace(a, pipeline=pipeline) for a in acts)
     return Schedule(name=name, num_stages=num_stages, microbatches=microbatches,
                     flush_every=flush, stage_devices=tuple(tuple(d) for d in stage_devices),
                     replica=tuple(replica), actions=MappingProxyType(actions),
-                    two_lanes=frozenset(two_lanes), inflight=depths, lag=lags)
+                    two_lanes=frozenset(two_lanes), inflight=depths, lag=lags,
+                    pipeline=pipeline)
+
+
+def _with_rounds(acts: Sequence[Action], length: int) -> list[Action]:
+    """A ``G`` after each update that completes a round of ``length`` micro-batches (the
+    update's label is the last micro-batch it holds: the micro-batch under 1F1B, the batch's
+    last under GPipe)."""
+    out: list[Action] = []
+    for action in acts:
+        out.append(action)
+        if action.kind == "U" and (action.microbatch + 1) % length == 0:
+            out.append(Action(action.stage, "G", action.microbatch))
+    return out
 
 
 def format_schedule(schedule: Schedule) -> str:

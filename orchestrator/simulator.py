@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Mapping
+import math
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -31,7 +33,8 @@ from typing import Any
 from orchestrator.cost import CostModel, split_pass_s
 from orchestrator.events import IdleBreakdown, TimelineEvent, idle_breakdown
 from orchestrator.formats import Plan
-from orchestrator.schedule import Action, Schedule, build_schedule
+from orchestrator.runplan import AggregationGroup, RunPlan
+from orchestrator.schedule import Action, ForwardGate, Schedule, build_schedule
 
 
 @dataclass(frozen=True)
@@ -70,36 +73,54 @@ class _Channel:
     queue: list[tuple[float, int, Callable[[float], float]]] = field(default_factory=list)
 
 
+@dataclass
+class _Worker:
+    """One (pipeline, stage) list on one device: its lanes and how far they have got."""
+
+    pipeline: int
+    device: str
+    gates: Mapping[int, ForwardGate]
+    lanes: list[_Lane]
+    others_started: int = 0
+    others_finished: int = 0
+
+
 class _Simulation:
-    def __init__(self, cm: CostModel, plan: Plan, schedule: Schedule, run: int) -> None:
-        self.cm, self.plan, self.schedule, self.run = cm, plan, schedule, run
-        self.num_stages = len(plan.stages)
+    def __init__(self, cm: CostModel, pipes: Sequence[tuple[Plan, Schedule]],
+                 groups: Sequence[AggregationGroup], run: int) -> None:
+        self.cm, self.run = cm, run
+        self.plans = [plan for plan, _ in pipes]
+        self.schedules = [schedule for _, schedule in pipes]
+        self.groups = list(groups)
         self.now = 0.0
         self.heap: list[tuple[float, int, Callable[[], None]]] = []
         self.seq = itertools.count()
         self.events: list[TimelineEvent] = []
         self.bytes_moved = 0
-        self.activation_at: dict[tuple[int, int], float] = {}
-        self.gradient_at: dict[tuple[int, int], float] = {}
-        self.forward_done: dict[tuple[int, int], float] = {}
-        self.shared_at: dict[tuple[str, int], float] = {}  # (replica, micro-batch): its gradient
-        self.version_of: dict[int, int] = {}
-        self.sync_arrived: dict[tuple[int, int], set[str]] = {}
+        # by (pipeline, stage, micro-batch); shared_at by (pipeline, replica, micro-batch)
+        self.activation_at: dict[tuple[int, int, int], float] = {}
+        self.gradient_at: dict[tuple[int, int, int], float] = {}
+        self.forward_done: dict[tuple[int, int, int], float] = {}
+        self.shared_at: dict[tuple[int, str, int], float] = {}
+        self.version_of: dict[tuple[int, int], int] = {}
+        self.arrived: dict[Any, set[Any]] = {}  # collectives: who has joined
         self.links: dict[frozenset[str], _Channel] = {}
-        self.rings = [_Channel() for _ in plan.stages]
-        self.fwd_s, self.bwd_s = pass_times(cm, plan)
-        self.lanes: dict[str, list[_Lane]] = {}
-        self.gates = {dev: schedule.gates(dev) for dev in schedule.actions}
-        # how many of each device's actions other than forwards have started and finished
-        self.others_started = {dev: 0 for dev in schedule.actions}
-        self.others_finished = {dev: 0 for dev in schedule.actions}
-        for dev, acts in schedule.actions.items():
-            indexed = list(enumerate(acts))
-            if dev in schedule.two_lanes:
-                self.lanes[dev] = [_Lane([x for x in indexed if x[1].kind == "F"]),
-                                   _Lane([x for x in indexed if x[1].kind != "F"])]
-            else:
-                self.lanes[dev] = [_Lane(indexed)]
+        self.rings: dict[Any, _Channel] = {}
+        self.fwd_s: dict[tuple[int, str], float] = {}
+        self.bwd_s: dict[tuple[int, str], float] = {}
+        self.workers: dict[tuple[int, str], _Worker] = {}
+        for p, (plan, schedule) in enumerate(pipes):
+            fwd, bwd = pass_times(cm, plan)
+            for dev, acts in schedule.actions.items():
+                self.fwd_s[(p, dev)], self.bwd_s[(p, dev)] = fwd[dev], bwd[dev]
+                indexed = list(enumerate(acts))
+                lanes = ([_Lane([x for x in indexed if x[1].kind == "F"]),
+                          _Lane([x for x in indexed if x[1].kind != "F"])]
+                         if dev in schedule.two_lanes else [_Lane(indexed)])
+                self.workers[(p, dev)] = _Worker(p, dev, schedule.gates(dev), lanes)
+        # a device serving stages of several pipelines computes one pass at a time
+        hosted = Counter(dev for _, dev in self.workers)
+        self.compute_free_at = {dev: 0.0 for dev, n in hosted.items() if n > 1}
 
     # ---- the event loop
 
@@ -113,8 +134,8 @@ class _Simulation:
             self.now = time
             callback()
             self.advance_all()
-        stuck = {d: str(lane.actions[lane.next][1]) for d, lanes in self.lanes.items()
-                 for lane in lanes if not lane.done}
+        stuck = {f"{w.device}/p{w.pipeline}": str(lane.actions[lane.next][1])
+                 for w in self.workers.values() for lane in w.lanes if not lane.done}
         if stuck:
             raise RuntimeError(f"the schedule deadlocks: waiting actions {stuck}")
 
@@ -122,146 +143,169 @@ class _Simulation:
         progress = True
         while progress:
             progress = False
-            for dev, lanes in self.lanes.items():
-                for lane in lanes:
-                    while self.try_start(dev, lane):
+            for worker in self.workers.values():
+                for lane in worker.lanes:
+                    while self.try_start(worker, lane):
                         progress = True
 
     # ---- readiness and execution of actions
 
-    def version(self, stage: int, m: int) -> int:
-        if self.schedule.name == "gpipe":
-            return m // self.schedule.flush_every
-        return self.version_of.get(m, 0)
+    def version(self, p: int, m: int) -> int:
+        schedule = self.schedules[p]
+        if schedule.name == "gpipe":
+            return m // schedule.flush_every
+        return self.version_of.get((p, m), 0)
 
-    def ready(self, dev: str, position: int, action: Action) -> bool:
-        k, m = action.stage, action.microbatch
+    def ready(self, w: _Worker, position: int, action: Action) -> bool:
+        p, k, m = w.pipeline, action.stage, action.microbatch
+        if action.kind in ("F", "B") and self.compute_free_at.get(w.device, 0.0) > self.now:
+            return False
         if action.kind == "F":
-            gate = self.gates[dev][position]
-            if (self.others_started[dev] < gate.started
-                    or self.others_finished[dev] < gate.finished):
+            gate = w.gates[position]
+            if w.others_started < gate.started or w.others_finished < gate.finished:
                 return False
-            return k == 0 or self.activation_at.get((k, m), float("inf")) <= self.now
+            return k == 0 or self.activation_at.get((p, k, m), math.inf) <= self.now
         if action.kind == "B":
-            if k == self.num_stages - 1:
-                return self.forward_done.get((k, m), float("inf")) <= self.now
-            return self.gradient_at.get((k, m), float("inf")) <= self.now
-        if action.kind == "U" and self.shared(k, m, dev):
-            return self.shared_at.get((dev, m), float("inf")) <= self.now
-        return True  # A shares the gradients; U applies the update
+            if k == len(self.plans[p].stages) - 1:
+                return self.forward_done.get((p, k, m), math.inf) <= self.now
+            return self.gradient_at.get((p, k, m), math.inf) <= self.now
+        if action.kind == "U" and self.shared(p, k, m, w.device):
+            return self.shared_at.get((p, w.device, m), math.inf) <= self.now
+        return True  # A shares the gradients, G averages a group, U applies the update
 
-    def shared(self, k: int, m: int, dev: str) -> bool:
+    def shared(self, p: int, k: int, m: int, dev: str) -> bool:
         """Is this a 1F1B update of a micro-batch another replica owns (its gradient comes)?"""
-        return (self.schedule.name == "1f1b" and len(self.plan.stages[k].devices) > 1
-                and self.schedule.device_for(k, m) != dev)
+        schedule = self.schedules[p]
+        return (schedule.name == "1f1b" and len(self.plans[p].stages[k].devices) > 1
+                and schedule.device_for(k, m) != dev)
 
-    def try_start(self, dev: str, lane: _Lane) -> bool:
+    def try_start(self, w: _Worker, lane: _Lane) -> bool:
         if lane.done or lane.free_at > self.now:
             return False
         position, action = lane.actions[lane.next]
-        if not self.ready(dev, position, action):
+        if not self.ready(w, position, action):
             return False
         lane.next += 1
         if action.kind != "F":
-            self.others_started[dev] += 1
-        getattr(self, f"start_{action.kind}")(dev, lane, position, action)
+            w.others_started += 1
+        getattr(self, f"start_{action.kind}")(w, lane, position, action)
         return True
 
-    def finished(self, dev: str, action: Action) -> None:
+    def finished(self, w: _Worker, action: Action) -> None:
         if action.kind != "F":
-            self.others_finished[dev] += 1
+            w.others_finished += 1
 
-    def compute(self, dev: str, lane: _Lane, action: Action, kind: str, duration: float,
+    def event(self, w: _Worker, stage: int, kind: str, m: int, start: float, end: float,
+              size: int = 0) -> None:
+        self.events.append(TimelineEvent(self.run, w.device, stage, kind, m,
+                                         self.version(w.pipeline, m), start, end, size,
+                                         pipeline=w.pipeline))
+
+    def compute(self, w: _Worker, lane: _Lane, action: Action, kind: str, duration: float,
                 then: Callable[[float], None]) -> None:
         start, end = self.now, self.now + duration
         lane.free_at = end
-        k, m = action.stage, action.microbatch
-        self.events.append(TimelineEvent(self.run, dev, k, kind, m, self.version(k, m), start, end))
+        if w.device in self.compute_free_at:
+            self.compute_free_at[w.device] = end
+        self.event(w, action.stage, kind, action.microbatch, start, end)
 
         def done() -> None:
-            self.finished(dev, action)
+            self.finished(w, action)
             then(end)
         self.at(end, done)
 
-    def start_F(self, dev: str, lane: _Lane, position: int, action: Action) -> None:
-        k, m = action.stage, action.microbatch
+    def start_F(self, w: _Worker, lane: _Lane, position: int, action: Action) -> None:
+        p, k, m = w.pipeline, action.stage, action.microbatch
+        plan, schedule = self.plans[p], self.schedules[p]
         if k == 0:
-            self.version_of[m] = self.gates[dev][position].updates
+            self.version_of[(p, m)] = w.gates[position].updates
 
         def done(end: float) -> None:
-            self.forward_done[(k, m)] = end
-            if k + 1 < self.num_stages:
-                stage = self.plan.stages[k]
-                self.transfer(dev, self.schedule.device_for(k + 1, m), m,
-                              int(self.cm.output_bytes[stage.last]), self.activation_at,
-                              (k + 1, m), src_stage=k, dst_stage=k + 1)
+            self.forward_done[(p, k, m)] = end
+            if k + 1 < len(plan.stages):
+                self.transfer(w, schedule.device_for(k + 1, m), m,
+                              int(self.cm.output_bytes[plan.stages[k].last]),
+                              self.activation_at, (p, k + 1, m), src_stage=k, dst_stage=k + 1)
 
-        self.compute(dev, lane, action, "forward", self.fwd_s[dev], done)
+        self.compute(w, lane, action, "forward", self.fwd_s[(p, w.device)], done)
 
-    def start_B(self, dev: str, lane: _Lane, position: int, action: Action) -> None:
-        k, m = action.stage, action.microbatch
+    def start_B(self, w: _Worker, lane: _Lane, position: int, action: Action) -> None:
+        p, k, m = w.pipeline, action.stage, action.microbatch
+        plan, schedule = self.plans[p], self.schedules[p]
 
         def done(end: float) -> None:
             if k > 0:
-                upstream = self.plan.stages[k - 1]
-                self.transfer(dev, self.schedule.device_for(k - 1, m), m,
-                              int(self.cm.output_bytes[upstream.last]), self.gradient_at,
-                              (k - 1, m), src_stage=k, dst_stage=k - 1)
+                self.transfer(w, schedule.device_for(k - 1, m), m,
+                              int(self.cm.output_bytes[plan.stages[k - 1].last]),
+                              self.gradient_at, (p, k - 1, m), src_stage=k, dst_stage=k - 1)
 
-        self.compute(dev, lane, action, "backward", self.bwd_s[dev], done)
+        self.compute(w, lane, action, "backward", self.bwd_s[(p, w.device)], done)
 
-    def start_A(self, dev: str, lane: _Lane, position: int, action: Action) -> None:
-        k, m = action.stage, action.microbatch
-        stage = self.plan.stages[k]
+    def start_A(self, w: _Worker, lane: _Lane, position: int, action: Action) -> None:
+        p, k, m = w.pipeline, action.stage, action.microbatch
+        stage = self.plans[p].stages[k]
         a, e = stage.layers
-        if self.schedule.name == "1f1b":
+        if self.schedules[p].name == "1f1b":
             # the micro-batch's gradient to every other replica; the owner computes on
             size = int(self.cm.params_bytes(a, e))
-            self.events.append(TimelineEvent(self.run, dev, k, "aggregate", m,
-                                             self.version(k, m), self.now, self.now, size))
+            self.event(w, k, "aggregate", m, self.now, self.now, size)
             for peer in stage.devices:
-                if peer != dev:
-                    self.transfer(dev, peer, m, size, self.shared_at, (peer, m), src_stage=k,
+                if peer != w.device:
+                    self.transfer(w, peer, m, size, self.shared_at, (p, peer, m), src_stage=k,
                                   dst_stage=k)
-            self.finished(dev, action)
+            self.finished(w, action)
             return
-        duration = self.cm.sync_s(a, e, [self.cm.index(d) for d in stage.devices])
         n = len(stage.devices)
-        size = int(2 * (n - 1) / n * self.cm.params_bytes(a, e))
-        self.collective_all_reduce(dev, lane, action, duration, size)
+        self.collective(w, lane, action, key=("A", p, k, m),
+                        members=[(p, d) for d in stage.devices],
+                        duration=self.cm.sync_s(a, e, [self.cm.index(d) for d in stage.devices]),
+                        size=int(2 * (n - 1) / n * self.cm.params_bytes(a, e)))
 
-    def collective_all_reduce(self, dev: str, lane: _Lane, action: Action, duration: float,
-                              size: int) -> None:
-        """GPipe's flush: every replica of the stage waits for all of them, then for the
-        all-reduce."""
-        k, m = action.stage, action.microbatch
-        lane.free_at = float("inf")
-        devices = self.plan.stages[k].devices
-        arrived = self.sync_arrived.setdefault((k, m), set())
-        arrived.add(dev)
-        if arrived != set(devices):
+    def start_G(self, w: _Worker, lane: _Lane, position: int, action: Action) -> None:
+        """A round's end: the aggregation group's members average their weights (a ring
+        all-reduce of the stage's parameters among their devices) once every one has come."""
+        p, k, m = w.pipeline, action.stage, action.microbatch
+        group = next(g for g in self.groups if (p, k) in g.members)
+        a, e = self.plans[p].stages[k].layers
+        devices = sorted({self.plans[q].stages[j].devices[0] for q, j in group.members})
+        n = len(devices)
+        self.collective(w, lane, action, key=("G", id(group), group.round_of(p, k, m)),
+                        members=[(q, self.plans[q].stages[j].devices[0])
+                                 for q, j in group.members],
+                        duration=self.cm.sync_s(a, e, [self.cm.index(d) for d in devices]),
+                        size=int(2 * (n - 1) / n * self.cm.params_bytes(a, e)) if n > 1 else 0)
+
+    def collective(self, w: _Worker, lane: _Lane, action: Action, *, key: Any,
+                   members: Sequence[tuple[int, str]], duration: float, size: int) -> None:
+        """GPipe's flush all-reduce, an aggregation group's average: every member waits for
+        all of them, then for the exchange (over one channel per collective)."""
+        lane.free_at = math.inf
+        arrived = self.arrived.setdefault(key, set())
+        arrived.add((w.pipeline, w.device))
+        if arrived != set(members):
             return
+        joined = [self.workers[member] for member in members]
 
         def job(start: float) -> float:
             end = start + duration
-            for d in devices:
-                self.events.append(TimelineEvent(self.run, d, k, "aggregate", m,
-                                                 self.version(k, m), start, end, size))
+            for worker in joined:
+                self.event(worker, action.stage, "aggregate", action.microbatch, start, end,
+                           size)
                 self.bytes_moved += size
-            self.at(end, lambda: self.release(devices, action, end))
+            self.at(end, lambda: self.release(joined, action, end))
             return end
 
-        self.enqueue(self.rings[k], job)
+        self.enqueue(self.rings.setdefault(key[:-1], _Channel()), job)
 
-    def release(self, devices: tuple[str, ...], action: Action, end: float) -> None:
-        for d in devices:
-            self.finished(d, action)
-            for lane in self.lanes[d]:
-                if lane.free_at == float("inf"):
+    def release(self, workers: Sequence[_Worker], action: Action, end: float) -> None:
+        for worker in workers:
+            self.finished(worker, action)
+            for lane in worker.lanes:
+                if lane.free_at == math.inf:
                     lane.free_at = end
 
-    def start_U(self, dev: str, lane: _Lane, position: int, action: Action) -> None:
-        self.finished(dev, action)  # the update's time is in the backward (the profile's)
+    def start_U(self, w: _Worker, lane: _Lane, position: int, action: Action) -> None:
+        self.finished(w, action)  # the update's time is in the backward (the profile's)
 
     # ---- transfers over shared channels
 
@@ -282,18 +326,20 @@ class _Simulation:
             self.serve(channel)
         self.at(end, next_job)
 
-    def transfer(self, src: str, dst: str, m: int, size: int, arrivals: dict[Any, float],
+    def transfer(self, w: _Worker, dst: str, m: int, size: int, arrivals: dict[Any, float],
                  key: Any, *, src_stage: int, dst_stage: int) -> None:
+        src, p = w.device, w.pipeline
+        receiver = self.workers[(p, dst)]
+        if src == dst:  # two pipelines' stages on one device: nothing crosses a link
+            arrivals[key] = self.now
+            return
         x, y = self.cm.index(src), self.cm.index(dst)
         duration = size / float(self.cm.bandwidth_bps[x, y]) + float(self.cm.latency_s[x, y])
-        version = self.version(src_stage, m)
 
         def job(start: float) -> float:
             end = start + duration
-            self.events.append(TimelineEvent(self.run, src, src_stage, "send", m, version, start,
-                                             end, size))
-            self.events.append(TimelineEvent(self.run, dst, dst_stage, "recv", m, version,
-                                             start, end, size))
+            self.event(w, src_stage, "send", m, start, end, size)
+            self.event(receiver, dst_stage, "recv", m, start, end, size)
             self.bytes_moved += size
             self.at(end, lambda: arrivals.__setitem__(key, end))
             return end
@@ -370,13 +416,9 @@ def simulate(cm: CostModel, plan: Plan, *, microbatches: int, schedule: str | No
     micro-batches per batch)."""
     sched = schedule_for(cm, plan, microbatches=microbatches, schedule=schedule,
                          flush_every=flush_every or plan.microbatches)
-    sim = _Simulation(cm, plan, sched, run)
+    sim = _Simulation(cm, [(plan, sched)], (), run)
     sim.run_all()
-    events = tuple(sorted(sim.events, key=lambda e: (e.start, e.end, e.device, e.kind)))
-    makespan = max((e.end for e in events), default=0.0)
-    per_device = {d: idle_breakdown([e for e in events if e.device == d], window=(0.0, makespan),
-                                    schedule=sched.name)
-                  for d in plan.device_ids}
+    events, makespan, per_device = _outcome(sim, plan.device_ids, sched.name)
     total_idle = sum(b.idle_s for b in per_device.values())
     return SimulationResult(
         schedule=sched,
@@ -387,3 +429,52 @@ def simulate(cm: CostModel, plan: Plan, *, microbatches: int, schedule: str | No
         bytes_moved=sim.bytes_moved,
         devices=MappingProxyType(per_device),
     )
+
+
+@dataclass(frozen=True)
+class RunSimulation:
+    """A run plan simulated: every pipeline's schedule, the events (with their pipeline), the
+    makespan, each pipeline's samples per second, and each device's idle time."""
+
+    schedules: tuple[Schedule, ...]
+    events: tuple[TimelineEvent, ...]
+    makespan_s: float
+    throughput_sps: tuple[float, ...]
+    bytes_moved: int
+    devices: Mapping[str, IdleBreakdown]
+
+
+def simulate_run(cm: CostModel, run_plan: RunPlan, *, run: int = 0) -> RunSimulation:
+    """Simulate every pipeline of ``run_plan`` together: their stages on a shared device
+    compute one pass at a time (in the order they become ready; the device's pipelines in
+    pipeline order on a tie), transfers share links, and each aggregation group's members
+    wait for one another at every round's end and average over a ring of their devices."""
+    pipes = []
+    for p, (plan, count) in enumerate(zip(run_plan.pipelines, run_plan.microbatches,
+                                          strict=True)):
+        inputs = schedule_inputs(cm, plan)
+        pipes.append((plan, build_schedule(
+            name=plan.schedule, stage_devices=inputs.stage_devices,
+            stage_times_s=inputs.stage_times_s, microbatches=count,
+            flush_every=plan.microbatches, inflight=inputs.inflight, lag=inputs.lag,
+            replica_inflight=inputs.replica_inflight, two_lanes=inputs.two_lanes, pipeline=p,
+            rounds=run_plan.rounds(p))))
+    sim = _Simulation(cm, pipes, run_plan.groups, run)
+    sim.run_all()
+    events, makespan, per_device = _outcome(sim, run_plan.device_ids, run_plan.schedule)
+    return RunSimulation(
+        schedules=tuple(s for _, s in pipes), events=events, makespan_s=makespan,
+        throughput_sps=tuple((count * cm.profile.batch_size / makespan) if makespan > 0 else 0.0
+                             for count in run_plan.microbatches),
+        bytes_moved=sim.bytes_moved, devices=MappingProxyType(per_device))
+
+
+def _outcome(sim: _Simulation, devices: Sequence[str], schedule: str
+             ) -> tuple[tuple[TimelineEvent, ...], float, dict[str, IdleBreakdown]]:
+    events = tuple(sorted(sim.events, key=lambda e: (e.start, e.end, e.device, e.kind,
+                                                     e.pipeline)))
+    makespan = max((e.end for e in events), default=0.0)
+    per_device = {d: idle_breakdown([e for e in events if e.device == d], window=(0.0, makespan),
+                                    schedule=schedule)
+                  for d in devices}
+    return events, makespan, per_device
