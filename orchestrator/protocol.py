@@ -631,7 +631,7 @@ class MetricSample(_Record):
     ``device`` is empty for a figure of the whole run."""
 
     WHAT = "a metric point"
-    at: float = _wire(number())
+    at: float = _wire(number(minimum=-math.inf))
     kind: str = _wire(text())
     device: str = _wire(text(empty=True), "")
     value: float = _wire(number(minimum=-math.inf))
