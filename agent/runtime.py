@@ -12,8 +12,8 @@
 - what the stages produce, batched for the server (agent.reporting), and this machine's warm
   layer times (agent.warmtimes).
 
-It says hello with its data plane's address, its hardware and its measured fixed costs, and
-stops cleanly on SIGTERM (agent.cli).
+It says hello with its data plane's address, its hardware, its measured fixed costs and its
+emulated compute resources (``--resources``), and stops cleanly on SIGTERM (agent.cli).
 """
 
 from __future__ import annotations
@@ -150,7 +150,8 @@ class AgentRuntime:
 
     def hello(self) -> Hello:
         return Hello(data_address=self.advertised_address, hardware=hardware_description(),
-                     overhead_s=min(10.0, self.overhead_s), message_s=min(10.0, self.message_s))
+                     overhead_s=min(10.0, self.overhead_s), message_s=min(10.0, self.message_s),
+                     resources=self.config.resources or None)
 
     def heartbeat(self) -> Heartbeat:
         return Heartbeat(status="busy" if self.deployments.busy else "online",

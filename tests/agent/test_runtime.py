@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 import socket
 import stat
 import subprocess
@@ -24,6 +25,7 @@ from agent.config import (
     load_enrolment,
     local_address_towards,
     normalise_server,
+    parse_resources,
     save_enrolment,
     websocket_url,
 )
@@ -358,3 +360,36 @@ print("closed")
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
                           text=True, timeout=90)
     assert done.returncode == 0 and "closed" in done.stdout, done.stderr
+
+
+def test_resources_are_read_from_the_flag_and_said_in_the_hello() -> None:
+    resources = parse_resources("cpu=1:0.5, gpu=2:4,npu=3")
+    assert [(r.kind, r.speed, r.backward_speed) for r in resources] == [
+        ("cpu", 1.0, 0.5), ("gpu", 2.0, 4.0), ("npu", 3.0, 3.0)]
+    agent = AgentRuntime(AgentConfig(enrolment=ENROLMENT, resources=resources),
+                         stop=threading.Event())
+    plain = AgentRuntime(AgentConfig(enrolment=ENROLMENT), stop=threading.Event())
+    try:
+        assert agent.hello().to_json()["resources"] == [
+            {"kind": "cpu", "speed": 1.0, "backward_speed": 0.5},
+            {"kind": "gpu", "speed": 2.0, "backward_speed": 4.0},
+            {"kind": "npu", "speed": 3.0, "backward_speed": 3.0}]
+        assert "resources" not in plain.hello().to_json()  # without the flag, as before
+    finally:
+        agent.close()
+        plain.close()
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("cpu", "'cpu' (resource 0) is not kind=speed:backward_speed"),
+    ("cpu=1:x", "is not kind=speed:backward_speed"),
+    ("cpu=0:1", "resources[0].speed: must be above 0"),
+    ("cpu=1:-1", "resources[0].backward_speed: must be above 0"),
+    ("cpu=inf:1", "resources[0].speed: must be a finite number"),
+    ("cpu=1:1,cpu=2:2", "resources[1].kind: is repeated"),
+    ("GPU 0=1:1", "resources[0].kind: must be a short identifier"),
+    (",".join(f"r{i}=1:1" for i in range(9)), "resources: must be a list of 1 to 8 items"),
+])
+def test_bad_resources_are_refused_naming_the_problem(text: str, says: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        parse_resources(text)

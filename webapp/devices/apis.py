@@ -39,6 +39,8 @@ class DeviceOutput(serializers.Serializer):
     status = serializers.CharField()
     last_heartbeat_at = serializers.DateTimeField()
     hardware = serializers.JSONField()
+    resources = serializers.JSONField(
+        help_text="the compute resources its agent emulates: [{kind, speed, backward_speed}]")
     speed = serializers.FloatField()
     memory_bytes = serializers.IntegerField()
     bandwidth_bps = serializers.FloatField()

@@ -86,7 +86,9 @@ def agent_disconnected(*, device_id: int, channel: str) -> bool:
 
 def _hello(device: Device, message: Hello) -> Reply:
     device.data_address = message.data_address
-    fields = ["data_address"]
+    # its emulated compute resources (--resources): said anew at each hello, none without
+    device.resources = [r.to_json() for r in message.resources or ()]
+    fields = ["data_address", "resources"]
     for name in ("overhead_s", "message_s"):  # the agent's measured fixed costs
         value = getattr(message, name)
         if value is not None:
