@@ -6,7 +6,7 @@
 
 Environment (for containers; flags win): EDGEPIPE_SERVER, EDGEPIPE_TOKEN (``run`` enrols first
 when no enrolment is stored), EDGEPIPE_AGENT_NAME, EDGEPIPE_AGENT_STATE (the enrolment's
-directory).
+directory), EDGEPIPE_RESOURCES (``--resources``).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from agent.config import (
     load_enrolment,
     local_address_towards,
     normalise_server,
+    parse_resources,
     save_enrolment,
 )
 from agent.data import DATASETS, DataError, load_dataset
@@ -114,13 +115,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
         slowdown=args.slowdown,
         bandwidth_bps=None if args.bandwidth_mbps is None else args.bandwidth_mbps * 1e6 / 8,
         latency_s=args.latency_ms / 1e3, threads=args.threads,
+        resources=parse_resources(args.resources) if args.resources else (),
         warm_times_path=args.config.with_name(f"{args.config.stem}.warm-times.json"))
     stop = threading.Event()
     runtime = AgentRuntime(config, stop=stop)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    log.info("agent %s (%s): data plane at %s, slowdown %gx", enrolment.name, enrolment.uid,
-             runtime.advertised_address, config.slowdown)
+    log.info("agent %s (%s): data plane at %s, slowdown %gx%s", enrolment.name, enrolment.uid,
+             runtime.advertised_address, config.slowdown, "".join(
+                 f", {r.kind} {r.speed:g}:{r.backward_speed:g}" for r in config.resources))
     runtime.calibrate()
     try:
         asyncio.run(runtime.serve())
@@ -192,6 +195,13 @@ def build_parser() -> argparse.ArgumentParser:
     run_parser.add_argument("--latency-ms", type=float, default=0.0, metavar="L",
                             help="emulate L ms of latency on what this device sends")
     run_parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    run_parser.add_argument(
+        "--resources", default=os.environ.get("EDGEPIPE_RESOURCES"),
+        metavar="KIND=F:B,...",
+        help="emulate a device of several compute resources, e.g. cpu=1:0.5,gpu=2:4: each "
+             "one's forward (F) and backward (B) speed, relative to the others'. Reported to "
+             "the server, whose Duan-Wu planner may then split forward and backward work "
+             "between them (two lanes); the device's measured speed is shared out by F")
     run_parser.set_defaults(handler=_cmd_run)
 
     profile_parser = sub.add_parser(

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from orchestrator.protocol import DeviceResource, ProtocolError, resources_reader
+
 
 class ConfigError(ValueError):
     """A configuration that cannot be used, naming the file and the problem."""
@@ -106,6 +108,31 @@ def load_enrolment(path: Path) -> Enrolment:
                      name=raw["name"])
 
 
+def parse_resources(text: str) -> tuple[DeviceResource, ...]:
+    """``--resources``: ``kind=speed:backward_speed`` (or ``kind=speed``, the same speed both
+    ways), comma-separated, e.g. ``cpu=1:0.5,gpu=2:4``: the device's compute resources, each
+    one's forward and backward speed relative to the others'. 1 to 8 resources, positive
+    finite speeds, each kind once, a short identifier; ConfigError naming what is wrong."""
+    raw = []
+    for i, item in enumerate(text.split(",")):
+        kind, sep, speeds = item.strip().partition("=")
+        forward, _, backward = speeds.partition(":")
+        try:
+            speed = float(forward)
+            backward_speed = float(backward) if backward else speed
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise ConfigError(f"--resources: {item.strip()!r} (resource {i}) is not "
+                              "kind=speed:backward_speed, e.g. cpu=1:0.5,gpu=2:4")
+        raw.append({"kind": kind, "speed": speed, "backward_speed": backward_speed})
+    try:
+        resources: tuple[DeviceResource, ...] = resources_reader(raw, "resources")
+    except ProtocolError as exc:
+        raise ConfigError(f"--resources: {exc}") from None
+    return resources
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     """How this agent process runs."""
@@ -120,6 +147,9 @@ class AgentConfig:
     # where this machine's warm per-layer times are kept between runs of the agent (None: in
     # memory only), so that an emulated device paces by the times its profile was taken with
     warm_times_path: Path | None = None
+    # emulated compute resources (--resources), reported in hello; () reports none: the
+    # server plans the device as one resource at its measured speed
+    resources: tuple[DeviceResource, ...] = ()
     heartbeat_s: float = 2.0
     flush_s: float = 0.1  # how often events go to the server (about 10 batches a second)
     max_backoff_s: float = 30.0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 import socket
 import stat
 import subprocess
@@ -24,9 +25,11 @@ from agent.config import (
     load_enrolment,
     local_address_towards,
     normalise_server,
+    parse_resources,
     save_enrolment,
     websocket_url,
 )
+from agent.deployments import Deployment
 from agent.runtime import AgentRuntime
 from tests.conftest import ROOT
 
@@ -54,6 +57,17 @@ def command(name: str, **fields: Any) -> dict[str, Any]:
     return {"type": "command", "id": "c1", "command": name, **fields}
 
 
+def held(runtime: AgentRuntime, run: int) -> Deployment:
+    """The run's one stage held by ``runtime``."""
+    [deployment] = runtime.deployments.of_run(run)
+    return deployment
+
+
+def posted(runtime: AgentRuntime, kind: str) -> list[dict[str, Any]]:
+    """The messages of type ``kind`` waiting in the runtime's outbox."""
+    return [m for m in runtime.connection.pending() if m["type"] == kind]
+
+
 @pytest.mark.parametrize(("message", "error"), [
     (command("start", run=7, started_at=0.0), "no stage of run 7 is deployed here"),
     (command("pause", run=3), "no stage of run 3 is deployed here"),
@@ -64,31 +78,32 @@ def command(name: str, **fields: Any) -> dict[str, Any]:
      "no data-plane address for neighbour edge-other"),
     (command("deploy", run=7, spec=spec(model="resnet999"), peers={"edge-other": "tcp://x:1"}),
      "unknown model 'resnet999'"),
-    (command("deploy", run=7, spec={"run": 7}, peers={}), "malformed stage deployment"),
+    (command("deploy", run=7, spec={"run": 7}, peers={}),
+     "malformed deploy: spec.device: is missing from the stage spec"),
     (command("teleport"), "unknown command 'teleport'"),
 ])
 def test_commands_it_cannot_carry_out_are_refused_and_change_nothing(
         runtime: AgentRuntime, message: dict[str, Any], error: str) -> None:
-    ack = runtime.handle_command(message)
+    ack = runtime.handle_command(message).to_json()
     assert ack["ok"] is False and ack["id"] == "c1" and error in ack["error"]
-    assert runtime.deployments == {}
+    assert len(runtime.deployments) == 0
 
 
 def test_a_deployed_stage_is_held_until_stopped(runtime: AgentRuntime) -> None:
     ack = runtime.handle_command(command("deploy", run=7, spec=spec(),
                                          peers={"edge-other": "tcp://127.0.0.1:9"}))
-    assert ack == {"type": "ack", "id": "c1", "command": "deploy", "run": 7, "ok": True,
-                   "generation": 0}
+    assert ack.to_json() == {"type": "ack", "id": "c1", "command": "deploy", "run": 7,
+                             "ok": True, "generation": 0}
     assert 7 in runtime.deployments
     again = runtime.handle_command(command("deploy", run=7, spec=spec(),
                                            peers={"edge-other": "tcp://127.0.0.1:9"}))
-    assert again["ok"] is False and "already deployed" in again["error"]
-    assert runtime.handle_command(command("pause", run=7))["ok"]
-    assert not runtime.deployments[7].running.is_set()
-    assert runtime.handle_command(command("resume", run=7))["ok"]
-    assert runtime.handle_command(command("stop", run=7))["ok"]
+    assert again.ok is False and again.error and "already deployed" in again.error
+    assert runtime.handle_command(command("pause", run=7)).ok
+    assert not held(runtime, 7).running.is_set()
+    assert runtime.handle_command(command("resume", run=7)).ok
+    assert runtime.handle_command(command("stop", run=7)).ok
     assert 7 not in runtime.deployments
-    assert runtime.handle_command(command("stop", run=7))["ok"]  # stopping twice is harmless
+    assert runtime.handle_command(command("stop", run=7)).ok  # stopping twice is harmless
 
 
 def test_a_deployed_stage_s_model_and_data_are_left_out_of_full_collections(
@@ -99,8 +114,8 @@ def test_a_deployed_stage_s_model_and_data_are_left_out_of_full_collections(
     try:
         ack = runtime.handle_command(command("deploy", run=7, spec=spec(),
                                              peers={"edge-other": "tcp://127.0.0.1:9"}))
-        assert ack["ok"]
-        module = runtime.deployments[7].executor.module
+        assert ack.ok
+        module = held(runtime, 7).executor.module
         assert gc.get_freeze_count() > 0
         assert not any(o is module for o in gc.get_objects())  # frozen: not walked
     finally:
@@ -120,16 +135,16 @@ def test_an_ended_deployment_s_model_is_freed_though_the_heap_is_frozen(
         models = []
         for run, ends in ((7, "finishing"), (8, "stopped before it started")):
             assert runtime.handle_command(command("deploy", run=run, spec={**alone, "run": run},
-                                                  peers={}))["ok"], ends
-            models.append(weakref.ref(runtime.deployments[run].executor.module))
+                                                  peers={})).ok, ends
+            models.append(weakref.ref(held(runtime, run).executor.module))
             if run == 7:
                 assert runtime.handle_command(command("start", run=7,
-                                                      started_at=time.time()))["ok"]
-                thread = runtime.deployments[7].thread
+                                                      started_at=time.time())).ok
+                thread = held(runtime, 7).thread
                 assert thread is not None
                 thread.join(timeout=60)
             else:
-                assert runtime.handle_command(command("stop", run=8))["ok"]
+                assert runtime.handle_command(command("stop", run=8)).ok
         assert gc.get_freeze_count() > 0  # each deployment froze the heap
         gc.collect()  # frozen objects are not collected: only references going frees them
         # the executor was a reference cycle (its bound methods), and every deployment's
@@ -143,12 +158,12 @@ def test_a_finished_stage_reports_the_overhead_it_measured(runtime: AgentRuntime
     runtime.overhead_s = 1.0  # what the probe said: hellos go on reporting it
     alone = spec(stage_devices=[[ENROLMENT.uid]], stage_times_s=[[1.0]], layers=[0, 3],
                  microbatches=40)
-    assert runtime.handle_command(command("deploy", run=7, spec=alone, peers={}))["ok"]
-    assert runtime.handle_command(command("start", run=7, started_at=time.time()))["ok"]
-    thread = runtime.deployments[7].thread
+    assert runtime.handle_command(command("deploy", run=7, spec=alone, peers={})).ok
+    assert runtime.handle_command(command("start", run=7, started_at=time.time())).ok
+    thread = held(runtime, 7).thread
     assert thread is not None
     thread.join(timeout=60)
-    done = [m for m in runtime.outbox if m["type"] == "stage_done"]
+    done = posted(runtime, "stage_done")
     assert len(done) == 1 and done[0]["backwards"] == 40
     assert 0 <= done[0]["overhead_s"] < 0.1
     assert 0 <= done[0]["pass_overhead_s"] <= done[0]["overhead_s"]
@@ -159,33 +174,30 @@ def test_a_finished_stage_reports_the_overhead_it_measured(runtime: AgentRuntime
 def test_a_stage_started_paused_trains_only_once_resumed(runtime: AgentRuntime) -> None:
     alone = spec(stage_devices=[[ENROLMENT.uid]], stage_times_s=[[1.0]], layers=[0, 3],
                  microbatches=8)
-    assert runtime.handle_command(command("deploy", run=7, spec=alone, peers={}))["ok"]
+    assert runtime.handle_command(command("deploy", run=7, spec=alone, peers={})).ok
     # a paused run's recovery starts its new generation this way
     assert runtime.handle_command(command("start", run=7, started_at=time.time(),
-                                          paused=True))["ok"]
-    deployment = runtime.deployments[7]
+                                          paused=True)).ok
+    deployment = held(runtime, 7)
     time.sleep(0.5)
     assert deployment.thread is not None and deployment.thread.is_alive()
     assert deployment.executor.applied == 0  # waiting, not training
-    assert runtime.handle_command(command("resume", run=7))["ok"]
+    assert runtime.handle_command(command("resume", run=7)).ok
     deployment.thread.join(timeout=60)
-    done = [m for m in runtime.outbox if m["type"] == "stage_done"]
+    done = posted(runtime, "stage_done")
     assert len(done) == 1 and done[0]["backwards"] == 8
 
 
 def test_profiling_on_command_reports_progress_then_the_profile(runtime: AgentRuntime) -> None:
     ack = runtime.handle_command(command("profile", model="mlp", dataset="digits",
                                          batch_size=8))
-    assert ack["ok"] is True
+    assert ack.ok is True
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        with runtime.lock:
-            kinds = [m["type"] for m in runtime.outbox]
-        if "profile_result" in kinds:
+        if posted(runtime, "profile_result"):
             break
         time.sleep(0.1)
-    with runtime.lock:
-        messages = list(runtime.outbox)
+    messages = runtime.connection.pending()
     progress = [(m["done"], m["total"]) for m in messages if m["type"] == "profile_progress"]
     # the first step at once, at most one every half second after it, and the last
     assert progress[0] == (1, 4 + 5) and progress[-1][0] == progress[-1][1]
@@ -205,30 +217,29 @@ def test_warm_times_outlive_the_agent_process(tmp_path: Path) -> None:
     first = AgentRuntime(config, stop=threading.Event())
     try:
         assert first.handle_command(command("profile", model="mlp", dataset="digits",
-                                            batch_size=8))["ok"]
+                                            batch_size=8)).ok
         deadline = time.monotonic() + 60
-        while ("mlp", "digits", 8) not in first.warm and time.monotonic() < deadline:
+        while not posted(first, "profile_result") and time.monotonic() < deadline:
             time.sleep(0.05)
-        kept = first.warm[("mlp", "digits", 8)]
+        kept = first.warm.times[("mlp", "digits", 8)]
     finally:
         first.close()
-    with first.lock:
-        result = next(m for m in first.outbox if m["type"] == "profile_result")
+    [result] = posted(first, "profile_result")
     # what the server was told is the device's: 4x the warm times kept
     assert [la["forward_s"] for la in result["profile"]["layers"]] == pytest.approx(
         [4 * t for t in kept.forward_s])
     second = AgentRuntime(config, stop=threading.Event())
     try:
-        assert second.warm == {("mlp", "digits", 8): kept}
-        fresh = second._warm_times("mlp", "digits", 8)  # no measuring: the kept ones
+        assert second.warm.times == {("mlp", "digits", 8): kept}
+        fresh = second.warm.get("mlp", "digits", 8)  # no measuring: the kept ones
         assert fresh == kept
     finally:
         second.close()
     path.write_text("{not json", encoding="utf-8")
     third = AgentRuntime(config, stop=threading.Event())
     try:
-        assert third.warm == {}  # measured again at the next deployment
-        assert isinstance(third._warm_times("mlp", "digits", 8), LayerTimes)
+        assert third.warm.times == {}  # measured again at the next deployment
+        assert isinstance(third.warm.get("mlp", "digits", 8), LayerTimes)
         assert json.loads(path.read_text(encoding="utf-8"))[0]["model"] == "mlp"
     finally:
         third.close()
@@ -237,7 +248,7 @@ def test_warm_times_outlive_the_agent_process(tmp_path: Path) -> None:
     path.write_text(json.dumps(document), encoding="utf-8")
     fourth = AgentRuntime(config, stop=threading.Event())
     try:
-        assert fourth.warm == {}
+        assert fourth.warm.times == {}
     finally:
         fourth.close()
 
@@ -336,15 +347,49 @@ def test_an_agent_that_held_a_deployment_exits_when_it_stops() -> None:
     script = """
 import threading
 from agent.config import AgentConfig, Enrolment
+from agent.deployments import Deployment
 from agent.runtime import AgentRuntime
 from tests.agent.test_runtime import ENROLMENT, command, spec
 agent = AgentRuntime(AgentConfig(enrolment=ENROLMENT), stop=threading.Event())
 ack = agent.handle_command(command("deploy", run=7, spec=spec(),
                                    peers={"edge-other": "tcp://127.0.0.1:9"}))
-assert ack["ok"], ack
+assert ack.ok, ack
 agent.close()
 print("closed")
 """
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
                           text=True, timeout=90)
     assert done.returncode == 0 and "closed" in done.stdout, done.stderr
+
+
+def test_resources_are_read_from_the_flag_and_said_in_the_hello() -> None:
+    resources = parse_resources("cpu=1:0.5, gpu=2:4,npu=3")
+    assert [(r.kind, r.speed, r.backward_speed) for r in resources] == [
+        ("cpu", 1.0, 0.5), ("gpu", 2.0, 4.0), ("npu", 3.0, 3.0)]
+    agent = AgentRuntime(AgentConfig(enrolment=ENROLMENT, resources=resources),
+                         stop=threading.Event())
+    plain = AgentRuntime(AgentConfig(enrolment=ENROLMENT), stop=threading.Event())
+    try:
+        assert agent.hello().to_json()["resources"] == [
+            {"kind": "cpu", "speed": 1.0, "backward_speed": 0.5},
+            {"kind": "gpu", "speed": 2.0, "backward_speed": 4.0},
+            {"kind": "npu", "speed": 3.0, "backward_speed": 3.0}]
+        assert "resources" not in plain.hello().to_json()  # without the flag, as before
+    finally:
+        agent.close()
+        plain.close()
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("cpu", "'cpu' (resource 0) is not kind=speed:backward_speed"),
+    ("cpu=1:x", "is not kind=speed:backward_speed"),
+    ("cpu=0:1", "resources[0].speed: must be above 0"),
+    ("cpu=1:-1", "resources[0].backward_speed: must be above 0"),
+    ("cpu=inf:1", "resources[0].speed: must be a finite number"),
+    ("cpu=1:1,cpu=2:2", "resources[1].kind: is repeated"),
+    ("GPU 0=1:1", "resources[0].kind: must be a short identifier"),
+    (",".join(f"r{i}=1:1" for i in range(9)), "resources: must be a list of 1 to 8 items"),
+])
+def test_bad_resources_are_refused_naming_the_problem(text: str, says: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        parse_resources(text)

@@ -39,6 +39,8 @@ class DeviceOutput(serializers.Serializer):
     status = serializers.CharField()
     last_heartbeat_at = serializers.DateTimeField()
     hardware = serializers.JSONField()
+    resources = serializers.JSONField(
+        help_text="the compute resources its agent emulates: [{kind, speed, backward_speed}]")
     speed = serializers.FloatField()
     memory_bytes = serializers.IntegerField()
     bandwidth_bps = serializers.FloatField()
@@ -163,7 +165,7 @@ class DeviceProfileRequestApi(APIView):
         device = get_or_404(selectors.device_list(), device_id, what="device")
         data = validated(self.ProfileRequestInput, request)
         command = services.device_profile_request(device=device, model_spec=data["model_spec"])
-        return Response({"command": command["id"], "device": device.uid,
+        return Response({"command": command.id, "device": device.uid,
                          "model_spec": data["model_spec"].pk}, status=status.HTTP_202_ACCEPTED)
 
 
@@ -179,8 +181,8 @@ class DeviceStopAgentApi(APIView):
     def post(self, request: Request, device_id: int) -> Response:
         device = get_or_404(selectors.device_list(), device_id, what="device")
         command = services.device_agent_stop(device=device)
-        return Response(self.StopAgentOutput({"command": command["id"], "device": device.uid,
-                                              "sent": command["command"]}).data,
+        return Response(self.StopAgentOutput({"command": command.id, "device": device.uid,
+                                              "sent": command.NAME}).data,
                         status=status.HTTP_202_ACCEPTED)
 
 
@@ -199,7 +201,7 @@ class DeviceEmulateApi(APIView):
         data = validated(self.EmulateInput, request)
         command = services.device_emulate(device=device, slowdown=data["slowdown"])
         return Response(DeviceStopAgentApi.StopAgentOutput(
-            {"command": command["id"], "device": device.uid, "sent": command["command"]}).data,
+            {"command": command.id, "device": device.uid, "sent": command.NAME}).data,
             status=status.HTTP_202_ACCEPTED)
 
 

@@ -55,6 +55,11 @@ class Device(models.Model):
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     hardware = models.JSONField(default=dict, blank=True,
                                 help_text="the agent's description: CPU, GPU, OS, Python, torch")
+    resources = models.JSONField(
+        default=list, blank=True,
+        help_text="the compute resources its agent emulates (--resources), as it said when it "
+                  "last connected: [{kind, speed, backward_speed}], speeds relative to each "
+                  "other; empty: one resource")
     # Planning derives speeds from the devices' profiles instead (runs.selectors).
     speed = models.FloatField(default=1.0, help_text="relative speed the agent reports")
     memory_bytes = models.BigIntegerField()

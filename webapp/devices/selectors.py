@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 
+from orchestrator.errors import PlanningError
+from orchestrator.formats import Resource
+from orchestrator.protocol import DeviceResource, ProtocolError
 from webapp.common.secrets import secret_hash, secret_matches
 from webapp.devices.models import Device, DeviceLink, EnrollmentToken, LayerProfile, ModelSpec
 
@@ -61,3 +64,20 @@ def planning_costs(*, device: Device, profile: LayerProfile | None
             overhead, in_passes = profile.overhead_s, profile.pass_overhead_s
         message = message if profile.message_s is None else profile.message_s
     return overhead, message, in_passes
+
+
+def planning_resources(*, device: Device, speed: float) -> tuple[Resource, ...]:
+    """The device's compute resources as planning takes them: the ones its agent reported
+    (relative speeds), scaled so that their speeds sum to ``speed``, the device's planning
+    speed (the formats' rule), each one's backward speed by the same factor (its
+    backward/forward ratio is what a forward/backward split plays on). None reported: ()."""
+    try:
+        reported = [DeviceResource.from_json(r) for r in device.resources or ()]
+    except ProtocolError as exc:
+        raise PlanningError(f"device {device.name!r} ({device.uid}) has malformed resources: "
+                            f"{exc}") from None
+    if not reported:
+        return ()
+    scale = speed / sum(r.speed for r in reported)
+    return tuple(Resource(kind=r.kind, speed=r.speed * scale,
+                          backward_speed=r.backward_speed * scale) for r in reported)

@@ -17,9 +17,16 @@ from django.utils.text import slugify
 from orchestrator.capacity import FixedCostFigures, fixed_costs_blended
 from orchestrator.errors import FormatError
 from orchestrator.formats import ModelProfile, parse_profile
+from orchestrator.protocol import (
+    Command,
+    EmulateCommand,
+    ExitCommand,
+    MeasureCommand,
+    ProfileCommand,
+)
 from webapp.common.exceptions import Conflict, InvalidInput
 from webapp.common.secrets import secret_digest, secret_hash, secret_new
-from webapp.devices.commands import command_build, device_command_send
+from webapp.devices.commands import device_command_send
 from webapp.devices.events import device_event_send
 from webapp.devices.models import Device, DeviceLink, EnrollmentToken, LayerProfile, ModelSpec
 
@@ -194,7 +201,7 @@ def layer_profile_upload(*, device: Device, model_spec: ModelSpec, document: Any
     return stored
 
 
-def device_profile_request(*, device: Device, model_spec: ModelSpec) -> dict[str, Any]:
+def device_profile_request(*, device: Device, model_spec: ModelSpec) -> Command:
     """Ask the device's agent to profile a model layer by layer; the profile arrives as its
     LayerProfile when the agent has measured it. Returns the command sent."""
     if device.status == Device.Status.RETIRED:
@@ -202,13 +209,13 @@ def device_profile_request(*, device: Device, model_spec: ModelSpec) -> dict[str
     if not device.control_channel:
         raise Conflict(f"device {device.name!r} ({device.uid}) has no agent connected: start it "
                        "with `python -m agent run`", state=device.status, action="profile")
-    command = command_build("profile", model=model_spec.model, dataset=model_spec.dataset,
-                            batch_size=model_spec.batch_size)
+    command = ProfileCommand(model=model_spec.model, dataset=model_spec.dataset,
+                             batch_size=model_spec.batch_size)
     device_command_send(uid=device.uid, command=command)
     return command
 
 
-def device_agent_stop(*, device: Device) -> dict[str, Any]:
+def device_agent_stop(*, device: Device) -> Command:
     """Fault injection: tell the device's agent to exit at once, as if killed (its control
     connection closes, and a run it holds a stage of loses it). Returns the command sent;
     Conflict when no agent is connected to receive it."""
@@ -218,12 +225,12 @@ def device_agent_stop(*, device: Device) -> dict[str, Any]:
     if not device.control_channel or device.status == Device.Status.OFFLINE:
         raise Conflict(f"device {device.name!r} ({device.uid}) has no agent connected: there "
                        "is no agent to stop", state=device.status, action="stop its agent")
-    command = command_build("exit")
+    command = ExitCommand()
     device_command_send(uid=device.uid, command=command)
     return command
 
 
-def device_emulate(*, device: Device, slowdown: float) -> dict[str, Any]:
+def device_emulate(*, device: Device, slowdown: float) -> Command:
     """Tell the device's agent to emulate a device ``slowdown`` times slower from now on (a
     device heating up, for tests and demos of the dynamic re-partition). Returns the command
     sent; Conflict when no agent is connected."""
@@ -231,7 +238,7 @@ def device_emulate(*, device: Device, slowdown: float) -> dict[str, Any]:
                                                         Device.Status.RETIRED):
         raise Conflict(f"device {device.name!r} ({device.uid}) has no agent connected",
                        state=device.status, action="change its emulated slowdown")
-    command = command_build("emulate", slowdown=float(slowdown))
+    command = EmulateCommand(slowdown=float(slowdown))
     device_command_send(uid=device.uid, command=command)
     return command
 
@@ -246,7 +253,7 @@ def device_links_measure(*, devices: Sequence[Device]) -> list[str]:
                        "links needs two", state="offline", action="measure links")
     peers = {d.uid: d.data_address for d in connected}
     for device in connected:
-        device_command_send(uid=device.uid, command=command_build("measure", peers=peers))
+        device_command_send(uid=device.uid, command=MeasureCommand(peers=peers))
     return [d.uid for d in connected]
 
 

@@ -1,7 +1,9 @@
 """ws/agent/: the one control connection of each agent. It authenticates with the device key
 (``Authorization: Device <uid>:<key>``, as the REST API), joins the device's command group, and
-hands every message to :func:`webapp.gateway.services.agent_message`. Pings are answered here,
-without the database, so that agents can measure their clock offset."""
+hands every message to :func:`webapp.gateway.services.agent_message`, which reads it as its
+typed form (orchestrator.protocol). Pings are answered here, without the database, so that
+agents can measure their clock offset. A message refused gets ``error {detail, field,
+in_reply_to}`` and the connection stays open."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from orchestrator.protocol import ErrorReply, Message, Ping, Pong, ProtocolError
 from webapp.common.exceptions import ApplicationError
 from webapp.devices.commands import device_group
 from webapp.devices.selectors import device_by_credentials
@@ -20,6 +23,11 @@ from webapp.gateway import services
 CLOSE_UNAUTHENTICATED = 4401
 
 log = logging.getLogger(__name__)
+
+
+def _kind(kind: Any) -> str | None:
+    """The type a message said it was, as an error's ``in_reply_to``."""
+    return kind[:200] if isinstance(kind, str) and kind else None
 
 
 def _credentials(scope: dict[str, Any]) -> tuple[str, str] | None:
@@ -56,26 +64,27 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                                                                   channel=self.channel_name)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        if isinstance(content, dict) and content.get("type") == "ping":
-            await self.send_json({"type": "pong", "id": content.get("id"),
-                                  "server_time": time.time()})
-            return
+        kind = content.get("type") if isinstance(content, dict) else None
+        reply: Message | None
         try:
-            reply = await database_sync_to_async(services.agent_message)(
-                device_id=self.device_id, message=content)
+            if kind == Ping.TYPE:
+                reply = Pong(id=Ping.from_json(content).id, server_time=time.time())
+            else:
+                reply = await database_sync_to_async(services.agent_message)(
+                    device_id=self.device_id, message=content)
+        except ProtocolError as exc:  # a malformed ping
+            reply = ErrorReply(detail=str(exc), field=exc.field, in_reply_to=_kind(kind))
         except ApplicationError as exc:
             errors = getattr(exc, "errors", ())
-            reply = {"type": "error", "detail": str(exc),
-                     "field": errors[0].field if errors else None,
-                     "in_reply_to": content.get("type") if isinstance(content, dict) else None}
+            reply = ErrorReply(detail=str(exc), field=errors[0].field if errors else None,
+                               in_reply_to=_kind(kind))
         except Exception:
             # a bug on this side must not cut the device off (it would lose what it sent)
-            kind = content.get("type") if isinstance(content, dict) else None
             log.exception("handling %s from device %s failed", kind, self.uid)
-            reply = {"type": "error", "detail": f"the server failed to handle {kind!r}",
-                     "field": None, "in_reply_to": kind}
+            reply = ErrorReply(detail=f"the server failed to handle {kind!r}",
+                               in_reply_to=_kind(kind))
         if reply is not None:
-            await self.send_json(reply)
+            await self.send_json(reply.to_json())
 
     async def agent_command(self, message: dict[str, Any]) -> None:
         await self.send_json(message["command"])

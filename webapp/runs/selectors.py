@@ -25,7 +25,7 @@ from orchestrator.formats import (
 )
 from orchestrator.simulator import simulate
 from webapp.devices.models import Device, DeviceLink, LayerProfile
-from webapp.devices.selectors import planning_costs
+from webapp.devices.selectors import planning_costs, planning_resources
 from webapp.runs.models import FaultEvent, MetricPoint, Plan, Run, RunDevice, TimelineEvent
 
 # What a live run page keeps: the timeline and metrics of the last minute of the run, and of
@@ -101,8 +101,10 @@ def run_planning_inputs(*, run: Run) -> tuple[ModelProfile, DeviceSet]:
     and latency come from the device, ``overhead_s`` and ``message_s`` as they were when the
     run was planned (RunDevice: the profile's as a run measured them, else the device's
     probes'; the run's own stages measure them anew, and its prediction must not use that).
-    Device ids are the devices' uids. A device without a profile for the run's model spec, or
-    one whose profile has another number of layers, is a PlanningError naming it.
+    Device ids are the devices' uids. A device whose agent reports compute resources
+    (``--resources``) carries them, scaled so that their speeds sum to its speed. A device
+    without a profile for the run's model spec, or one whose profile has another number of
+    layers, is a PlanningError naming it.
     """
     rows = list(RunDevice.objects.filter(run=run).select_related("device"))
     devices = [rd.device for rd in rows]
@@ -137,10 +139,12 @@ def run_planning_inputs(*, run: Run) -> tuple[ModelProfile, DeviceSet]:
         overhead, per_message = (
             planning_costs(device=d, profile=profiles[d.pk])[:2] if rd.overhead_s is None
             or rd.message_s is None else (rd.overhead_s, rd.message_s))
+        speed = ref_total / total
         plan_devices.append(PlanDevice(
-            id=d.uid, label=d.name, speed=ref_total / total, memory_bytes=d.memory_bytes,
+            id=d.uid, label=d.name, speed=speed, memory_bytes=d.memory_bytes,
             bandwidth_bps=d.bandwidth_bps, latency_s=d.latency_s, uplink_bps=d.uplink_bps,
             downlink_bps=d.downlink_bps, overhead_s=overhead, message_s=per_message,
+            resources=planning_resources(device=d, speed=speed),
             layer_times=LayerTimes(forward_s=tuple(la.forward_s for la in own.layers),
                                    backward_s=tuple(la.backward_s for la in own.layers))))
     profile = ModelProfile(model=spec.model, batch_size=spec.batch_size,

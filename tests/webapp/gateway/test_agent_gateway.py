@@ -621,3 +621,32 @@ def test_a_lost_replica_shrinks_its_group_or_replans_whichever_pays(bandwidth_bp
     else:
         assert event.detail["planner"] == "optimal"
         assert all(len(group) == 1 for s in specs for group in s["stage_devices"])
+
+
+def test_a_malformed_message_is_refused_naming_its_field_and_the_connection_stays() -> None:
+    device = DeviceFactory(data_address="", status=Device.Status.OFFLINE)
+    cpu = {"kind": "cpu", "speed": 1, "backward_speed": 1}
+
+    async def scenario() -> list[dict[str, Any]]:
+        link = agent(device)
+        assert (await link.connect())[0]
+        replies = []
+        for message in ({"type": "hello", "data_address": "tcp://10.0.0.2:5601",
+                         "resources": [cpu, cpu]},
+                        {"type": "events", "run": 1, "metrics": [{"at": 0, "kind": "loss"}]},
+                        {"type": "ping", "id": "x"},
+                        {"type": "hello", "data_address": "tcp://10.0.0.2:5601",
+                         "resources": [cpu, {**cpu, "kind": "gpu", "backward_speed": 3}]}):
+            await link.send_json_to(message)
+            replies.append(await link.receive_json_from(timeout=5))
+        await database_sync_to_async(device.refresh_from_db)()
+        await link.disconnect()
+        return replies
+
+    replies = async_to_sync(scenario)()
+    assert [(r["type"], r.get("field"), r.get("in_reply_to")) for r in replies] == [
+        ("error", "resources[1].kind", "hello"), ("error", "metrics[0].value", "events"),
+        ("error", "id", "ping"), ("welcome", None, None)]
+    assert "is repeated" in replies[0]["detail"]
+    assert device.resources == [{"kind": "cpu", "speed": 1, "backward_speed": 1},
+                                {"kind": "gpu", "speed": 1, "backward_speed": 3}]

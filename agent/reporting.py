@@ -1,0 +1,99 @@
+"""What this agent's stages produce, batched for the server: timeline events and metric points
+kept per run as they happen (from the stages' threads and the data plane's), and moved into
+the connection's outbox as one ``events`` message per run at each flush, with the rates
+measured over each second (samples per second through the last stage, bytes per second
+sent)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable
+
+from agent.deployments import Deployments
+from agent.executor import Metric
+from agent.transport import SendRecord
+from orchestrator.events import TimelineEvent
+from orchestrator.protocol import Events, Message, MetricSample
+
+log = logging.getLogger("edgepipe.agent")
+
+RATE_WINDOW_S = 1.0
+
+
+class Reporter:
+    def __init__(self, *, uid: str, deployments: Deployments, post: Callable[[Message], None],
+                 clock: Callable[[], float]) -> None:
+        """``post`` puts a message in the connection's outbox; ``clock`` is the server's."""
+        self.uid = uid
+        self.deployments = deployments
+        self.post = post
+        self.clock = clock
+        self._lock = threading.Lock()  # the stages take it for every event: held briefly
+        self._flushing = threading.Lock()  # one flush at a time: batches keep their order
+        self._timeline: dict[int, list[TimelineEvent]] = {}
+        self._metrics: dict[int, list[MetricSample]] = {}
+        self._windows: dict[int, tuple[float, int, int]] = {}  # run: (since, samples, bytes)
+
+    def event(self, event: TimelineEvent) -> None:
+        with self._lock:
+            self._timeline.setdefault(event.run, []).append(event)
+
+    def metric(self, run: int, metric: Metric) -> None:
+        if not (math.isfinite(metric.value) and math.isfinite(metric.at)):
+            log.debug("run %s: %s is %s, not sent", run, metric.name, metric.value)
+            return  # not JSON (a diverged loss shows as the last finite one)
+        sample = MetricSample(at=metric.at, kind=metric.name, device=self.uid,
+                              value=metric.value)
+        with self._lock:
+            self._metrics.setdefault(run, []).append(sample)
+
+    def on_send(self, record: SendRecord) -> None:
+        """The data plane finished a send: a ``send`` event of the run's stage here."""
+        held = self.deployments.of_run(record.header.run)
+        if not held:
+            return
+        deployment = held[0]  # the header names no stage: one stage of a run per device
+        started = deployment.clock.started_at
+        self.event(TimelineEvent(record.header.run, self.uid, deployment.spec.stage, "send",
+                                 record.header.microbatch, record.header.version,
+                                 record.start - started, record.end - started, record.nbytes))
+
+    def flush(self) -> None:
+        """Move what the stages produced into the outbox, one message per run."""
+        with self._flushing:
+            now = self.clock()
+            with self._lock:
+                taken = [(run, self._timeline.pop(run, []), self._metrics.pop(run, []))
+                         for run in sorted(set(self._timeline) | set(self._metrics))]
+            for run, timeline, metrics in taken:
+                metrics += self._rates(run, timeline, now)
+                if timeline or metrics:
+                    self.post(Events(run=run, timeline=tuple(e.to_json() for e in timeline),
+                                     metrics=tuple(metrics)))
+
+    def _rates(self, run: int, timeline: list[TimelineEvent], now: float
+               ) -> list[MetricSample]:
+        """Samples per second through the last stage and bytes per second sent, each second."""
+        held = self.deployments.of_run(run)
+        if not held:
+            self._windows.pop(run, None)
+            return []
+        since, samples, sent = self._windows.get(run, (now, 0, 0))
+        last = next((d for d in held if d.spec.last), None)
+        if last is not None:
+            samples += sum(last.spec.batch_size for e in timeline if e.kind == "backward")
+        sent += sum(e.bytes for e in timeline if e.kind == "send")
+        if now - since < RATE_WINDOW_S:
+            self._windows[run] = (since, samples, sent)
+            return []
+        self._windows[run] = (now, 0, 0)
+        at = held[0].clock.now()
+        out = [MetricSample(at=at, kind="network_bps", device=self.uid,
+                            value=sent / (now - since))]
+        if last is not None:  # a replica of the last stage: its own share, by device
+            out.append(MetricSample(at=at, kind="throughput_sps",
+                                    device=self.uid if last.spec.replicated else "",
+                                    value=samples / (now - since)))
+        return out

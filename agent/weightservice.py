@@ -1,0 +1,305 @@
+"""This agent's weight service: what it keeps of each run's weights (agent.weights.WeightStore,
+per run across generations), and moving them (docs/architecture.md, "Fault tolerance").
+
+- restoring a recovering stage from the parts the server lists: its own memory, a peer over
+  the data plane (a ``fetch`` answered by ``fetched``), or the server over REST;
+- replication points: the stage's checkpoint to the next stage's device (a chain replica)
+  and/or to the server (a global replica, uploaded oldest first by one thread);
+- answering peers: keeping the chain replicas they send, answering their fetches.
+
+The names of the weight messages are orchestrator.protocol's typed ones. The data plane and
+the server are injected (:class:`Plane`, :class:`ReplicaServer`), so tests can replace them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import httpx
+import torch
+
+from agent.config import Enrolment
+from agent.executor import StageError
+from agent.transport import Message as DataMessage
+from agent.transport import encode
+from agent.weights import (
+    Entry,
+    Tensors,
+    WeightError,
+    WeightStore,
+    blob_tensor,
+    from_bytes,
+    load_layer_state,
+    to_bytes,
+)
+from orchestrator.protocol import (
+    ChainReplica,
+    FetchReply,
+    HeldCopy,
+    ProtocolError,
+    RestorePart,
+    StageSpec,
+    WeightFetch,
+    parse_weight_name,
+)
+
+log = logging.getLogger("edgepipe.agent")
+
+FETCH_TIMEOUT_S = 20.0  # a recovering stage waits this long for weights from a peer or the server
+CENTRAL = "central"
+SELF = "self"
+
+
+class Plane(Protocol):
+    """What the weight service uses of the data plane (agent.transport.DataPlane)."""
+
+    def connect(self, peer: str, address: str) -> None: ...
+
+    def send(self, peer: str, frames: list[bytes]) -> None: ...
+
+    def receive(self, run: int, kind: str, microbatch: int, *, name: str | None = None,
+                timeout_s: float | None = None) -> DataMessage: ...
+
+
+class ReplicaServer(Protocol):
+    """The server's store of global replicas."""
+
+    def get(self, run: int, first: int, last: int, applied: int) -> bytes:
+        """Layers first..last at ``applied``; StageError when the server has none."""
+
+    def put(self, run: int, first: int, last: int, applied: int, data: bytes) -> None:
+        """Keep a global replica; OSError or ValueError when it did not take it."""
+
+
+class HttpReplicaServer:
+    """The server's ``/api/agent/runs/<run>/replicas/`` over REST; the uploads go over one
+    connection (instead of one per replica, which a fast pipeline made a few a second)."""
+
+    def __init__(self, enrolment: Enrolment, *, timeout_s: float = FETCH_TIMEOUT_S) -> None:
+        self.enrolment = enrolment
+        self.timeout_s = timeout_s
+        self._client: httpx.Client | None = None
+
+    def _url(self, run: int) -> str:
+        return f"{self.enrolment.server}/api/agent/runs/{run}/replicas/"
+
+    def get(self, run: int, first: int, last: int, applied: int) -> bytes:
+        try:
+            response = httpx.get(self._url(run), timeout=self.timeout_s,
+                                 params={"first": first, "last": last, "applied": applied},
+                                 headers={"Authorization": self.enrolment.authorization})
+        except httpx.HTTPError as exc:
+            raise StageError(f"could not fetch layers {first}..{last} from the server: "
+                             f"{exc}") from None
+        if response.status_code != 200:
+            raise StageError(f"the server has no layers {first}..{last} at {applied} updates "
+                             f"({response.status_code}: {response.text[:200]})")
+        return response.content
+
+    def put(self, run: int, first: int, last: int, applied: int, data: bytes) -> None:
+        if self._client is None:  # on the uploader's thread only
+            self._client = httpx.Client(timeout=60, headers={
+                "Authorization": self.enrolment.authorization,
+                "Content-Type": "application/octet-stream"})
+        try:
+            response = self._client.put(self._url(run), content=data, params={
+                "first": first, "last": last, "applied": applied})
+        except httpx.HTTPError as exc:
+            raise OSError(str(exc)) from None
+        if response.status_code >= 300:
+            raise ValueError(f"{response.status_code} {response.text[:200]}")
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What a restore loaded (the optimizer's momentum buffers among it) and the bytes it
+    moved over the network."""
+
+    tensors: Tensors
+    bytes_moved: int
+
+
+class WeightService:
+    def __init__(self, *, uid: str, plane: Plane, reply_to: Callable[[], str],
+                 server: ReplicaServer, stop: threading.Event,
+                 fetch_timeout_s: float = FETCH_TIMEOUT_S) -> None:
+        """``reply_to``: this agent's data-plane address, where peers answer its fetches."""
+        self.uid = uid
+        self.plane = plane
+        self.reply_to = reply_to
+        self.server = server
+        self.stop = stop
+        self.fetch_timeout_s = fetch_timeout_s
+        self._lock = threading.Lock()
+        self._stores: dict[int, WeightStore] = {}
+        self._tokens = itertools.count(1)
+        # global replicas waiting for the uploader, oldest first: (run, first, last, applied,
+        # bytes); every one is sent (a recovery may need any of the two newest of each stage)
+        self._uploads: deque[tuple[int, int, int, int, bytes]] = deque()
+        self._uploads_waiting = threading.Condition()
+        self._uploader: threading.Thread | None = None
+
+    # ---- what is kept
+
+    def store(self, run: int) -> WeightStore:
+        """The run's store (a new one for a run not seen yet)."""
+        with self._lock:
+            return self._stores.setdefault(run, WeightStore())
+
+    def forget(self, run: int) -> None:
+        """The run ended here: drop what it kept."""
+        with self._lock:
+            self._stores.pop(run, None)
+
+    def holdings(self, run: int) -> tuple[HeldCopy, ...]:
+        with self._lock:
+            store = self._stores.get(run)
+        if store is None:
+            return ()
+        return tuple(HeldCopy.from_json(h) for h in store.holdings())
+
+    def commit(self, run: int, generation: int) -> None:
+        """Every device of the new generation is ready: nobody fetches its weights any more."""
+        self.store(run).commit(generation)
+
+    # ---- restoring
+
+    def restore(self, spec: StageSpec, module: torch.nn.Module, parts: Sequence[RestorePart],
+                peers: Mapping[str, str]) -> Restored:
+        """Load every part the server listed (own memory, a peer, the server) into the new
+        stage; StageError when a part is missing or does not fit (the deployment is then
+        refused)."""
+        if not parts and spec.first_microbatch == 0:
+            # a run that lost a device while starting: nothing was trained, so the stage keeps
+            # the weights it was built with from the run's seed, as every first deployment does
+            log.info("run %s generation %s: layers %s..%s from the run's seed (nothing trained)",
+                     spec.run, spec.generation, spec.layers[0], spec.layers[1])
+            return Restored({}, 0)
+        tensors: Tensors = {}
+        moved = 0
+        applied = spec.first_microbatch
+        for i, part in enumerate(parts):
+            first, last = part.layers
+            if part.applied != applied:
+                raise StageError(f"restore[{i}] is malformed: applied {part.applied} is not "
+                                 f"the resume point {applied}")
+            if not spec.layers[0] <= first <= last <= spec.layers[1]:
+                raise StageError(f"restore[{i}]: layers {first}..{last} are not in the stage")
+            if part.source == SELF:
+                got = self.store(spec.run).part(first, last, applied)
+                if got is None:
+                    raise StageError(f"this agent holds no layers {first}..{last} at "
+                                     f"{applied} updates")
+            else:
+                if part.source == CENTRAL:
+                    data, where = self.server.get(spec.run, first, last, applied), "the server"
+                else:
+                    address = peers.get(part.source)
+                    if address is None:
+                        raise StageError(f"restore[{i}]: no data-plane address for "
+                                         f"{part.source}")
+                    data = self.fetch(spec.run, part.source, address, (first, last), applied)
+                    where = part.source
+                try:
+                    got = from_bytes(data, first=first, last=last)
+                except WeightError as exc:
+                    raise StageError(f"weights from {where}: {exc}") from None
+                moved += len(data)
+            tensors.update(got)
+        try:
+            load_layer_state(module, spec.layers[0], tensors)
+        except WeightError as exc:
+            raise StageError(f"restoring layers {spec.layers[0]}..{spec.layers[1]}: {exc}") \
+                from None
+        log.info("run %s generation %s: restored layers %s..%s at %s updates (%d bytes moved)",
+                 spec.run, spec.generation, spec.layers[0], spec.layers[1], applied, moved)
+        return Restored(tensors, moved)
+
+    def fetch(self, run: int, peer: str, address: str, layers: tuple[int, int],
+              applied: int) -> bytes:
+        """Ask ``peer`` for layers at ``applied`` over the data plane; its safetensors bytes."""
+        self.plane.connect(peer, address)
+        request = WeightFetch(next(self._tokens), layers, self.uid, self.reply_to())
+        self.plane.send(peer, encode(run=run, kind="weights", microbatch=applied, version=0,
+                                     tensor=blob_tensor(b""), name=request.to_name()))
+        first, last = layers
+        try:
+            reply = self.plane.receive(run, "weights", applied, name=request.reply().to_name(),
+                                       timeout_s=self.fetch_timeout_s)
+        except TimeoutError:
+            raise StageError(f"{peer} did not send layers {first}..{last} within "
+                             f"{self.fetch_timeout_s:.0f} s") from None
+        if reply.tensor.numel() == 0:
+            raise StageError(f"{peer} holds no layers {first}..{last} at {applied} updates")
+        return reply.tensor.numpy().tobytes()
+
+    # ---- replicating
+
+    def replicate(self, spec: StageSpec, applied: int, tensors: Tensors, *, chain: bool,
+                  central: bool) -> None:
+        """A replication point: the stage's weights to the next stage's device (the last
+        stage's to the first), and/or to the server, without holding up the stage."""
+        first, last = spec.layers
+        data = to_bytes(tensors, run=spec.run, first=first, last=last, applied=applied)
+        if chain and spec.num_stages > 1:
+            successor = spec.stage_devices[(spec.stage + 1) % spec.num_stages][0]
+            self.plane.send(successor, encode(
+                run=spec.run, kind="weights", microbatch=applied, version=spec.generation,
+                tensor=blob_tensor(data), name=ChainReplica(spec.layers).to_name()))
+        if central:
+            with self._uploads_waiting:
+                self._uploads.append((spec.run, first, last, applied, data))
+                self._uploads_waiting.notify()
+                if self._uploader is None:
+                    self._uploader = threading.Thread(target=self._upload_loop,
+                                                      name="replica-upload", daemon=True)
+                    self._uploader.start()
+
+    def _upload_loop(self) -> None:
+        """Send the global replicas to the server, oldest first."""
+        while not self.stop.is_set():
+            with self._uploads_waiting:
+                if not self._uploads:
+                    self._uploads_waiting.wait(0.5)
+                    continue
+                run, first, last, applied, data = self._uploads.popleft()
+            try:
+                self.server.put(run, first, last, applied, data)
+            except (OSError, ValueError) as exc:
+                log.warning("the server did not take the replica of layers %s..%s: %s",
+                            first, last, exc)
+
+    # ---- answering peers
+
+    def on_weights(self, message: DataMessage) -> None:
+        """On the data plane's receiver thread: keep a chain replica, or answer a fetch.
+        A malformed one raises ProtocolError (a ValueError: the data plane rejects it)."""
+        name = parse_weight_name(message.header.name)
+        run, applied = message.header.run, message.header.microbatch
+        if isinstance(name, ChainReplica):
+            first, last = name.layers
+            tensors = from_bytes(message.tensor.numpy().tobytes(), first=first, last=last)
+            self.store(run).add(Entry(layers=name.layers, applied=applied, kind="replica",
+                                      tensors=tensors, pinned=True,
+                                      generation=message.header.version))
+        elif isinstance(name, WeightFetch):
+            self.plane.connect(name.requester, name.reply_to)
+            first, last = name.layers
+            with self._lock:
+                store = self._stores.get(run)
+            part = None if store is None else store.part(first, last, applied)
+            data = b"" if part is None else to_bytes(part, run=run, first=first, last=last,
+                                                     applied=applied)
+            self.plane.send(name.requester, encode(
+                run=run, kind="weights", microbatch=applied, version=0,
+                tensor=blob_tensor(data), name=name.reply().to_name()))
+        else:
+            assert isinstance(name, FetchReply)
+            raise ProtocolError(f"an answer to fetch {name.token} that nobody waits for",
+                                field="name")
