@@ -32,7 +32,6 @@ class Deployment:
     spec: StageSpec
     executor: StageExecutor
     clock: Clock
-    pipeline: int = 0
     stop: threading.Event = field(default_factory=threading.Event)
     running: threading.Event = field(default_factory=threading.Event)
     started: bool = False
@@ -40,7 +39,7 @@ class Deployment:
 
     @property
     def key(self) -> StageKey:
-        return StageKey(self.spec.run, self.pipeline, self.spec.stage)
+        return StageKey(self.spec.run, self.spec.pipeline, self.spec.stage)
 
     def end(self) -> None:
         """Tell the stage to stop (a paused one too); it finishes its current action."""

@@ -131,6 +131,7 @@ class StageResult:
     updated: list[int] = field(default_factory=list)  # micro-batches whose update was applied
     versions: dict[int, int] = field(default_factory=dict)  # micro-batch -> forward's version
     aggregated: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)
+    rounds: list[int] = field(default_factory=list)  # micro-batches a group average followed
 
 
 Checkpoint = Callable[[int, dict[str, torch.Tensor], bool, bool], None]
@@ -140,7 +141,8 @@ Checkpoint = Callable[[int, dict[str, torch.Tensor], bool, bool], None]
 # executor a reference cycle, which the agent's frozen heap (runtime.freeze_heap) never
 # collects, so each deployment's model, data and stashes stayed in memory after it ended
 # (VGG-5: 20 MB more per deployment, for good)
-HANDLERS = {"F": "forward", "B": "backward", "U": "update", "A": "all_reduce"}
+HANDLERS = {"F": "forward", "B": "backward", "U": "update", "A": "all_reduce",
+            "G": "average_group"}
 
 
 class StageExecutor:
@@ -234,6 +236,11 @@ class StageExecutor:
         self.others_started = 0
         self.others_finished = 0
         self.failure: BaseException | None = None
+        # updates an aggregation group's average follows: their checkpoint waits for it
+        self.round_ends = {a.microbatch for a in self.actions if a.kind == "G"}
+        if any(member[0] == spec.device and member != spec.member for member in spec.group):
+            # another stage of this device is in the group: its chunks go to this inbox
+            plane.connect(spec.device, plane.address)
 
     def set_slowdown(self, slowdown: float) -> None:
         """Emulate a device ``slowdown`` times slower from the next pass on; on two lanes each
@@ -462,7 +469,8 @@ class StageExecutor:
             message.header.sent_at - self.clock.started_at)
         self.on_event(TimelineEvent(self.spec.run, self.spec.device, stage, "recv",
                                     message.header.microbatch, message.header.version,
-                                    min(sent, arrived), arrived, message.nbytes))
+                                    min(sent, arrived), arrived, message.nbytes,
+                                    pipeline=self.spec.pipeline))
 
     def _timed(self, kind: str, microbatch: int, version: int, work: Callable[[], Any]) -> Any:
         start = self.clock.now()
@@ -476,7 +484,8 @@ class StageExecutor:
             self.costs.paced_s += emulation.factor * warm_s
         self.costs.passed_s += time.perf_counter() - begun
         self.on_event(TimelineEvent(self.spec.run, self.spec.device, self.spec.stage, kind,
-                                    microbatch, version, start, self.clock.now()))
+                                    microbatch, version, start, self.clock.now(),
+                                    pipeline=self.spec.pipeline))
         return out
 
     def _send(self, kind: str, stage: int, microbatch: int, version: int,
@@ -664,7 +673,8 @@ class StageExecutor:
             self.accumulated = unflatten(total[:-1], like)
             self.accumulated_count = round(float(total[-1]))
         self.on_event(TimelineEvent(spec.run, spec.device, spec.stage, "aggregate", m,
-                                    self.version, start, self.clock.now(), sent))
+                                    self.version, start, self.clock.now(), sent,
+                                    pipeline=spec.pipeline))
 
     def _send_chunk(self, peer: str, microbatch: int, step: str, chunk: torch.Tensor) -> None:
         header, frames = encode_message(
@@ -708,9 +718,53 @@ class StageExecutor:
                 self.result.aggregated.append((self.version + 1, averaged))
                 self.on_event(TimelineEvent(self.spec.run, self.spec.device, self.spec.stage,
                                             "aggregate", m, self.version + 1, start,
-                                            self.clock.now()))
+                                            self.clock.now(), pipeline=self.spec.pipeline))
         self.versions.updated(in_flight=[f.version for f in list(self.in_flight.values())],
                               floor=self.latest_header_version)
         self.result.updates += 1
         self.result.updated.extend(range(before, self.applied))
+        if m not in self.round_ends:
+            self._after_update()
+
+    def average_group(self, action: Action) -> None:
+        """A round's end: the live weights become the average of the aggregation group's
+        members' (FedAvg, weighted by ``group_weight``), by ring all-reduce of the weighted
+        weights and the weights' sum among the members (agent.gradsync). The version stays;
+        the round's last update is checkpointed (and replicated) with the average."""
+        spec, m = self.spec, action.microbatch
+        round_index = (m + 1) // spec.round_every - 1
+        start = self.clock.now()
+        like = self.params
+        flat = torch.cat([flatten(like) * spec.group_weight,
+                          torch.tensor([spec.group_weight], dtype=like[0].dtype)])
+        names = [f"{device}/{pipeline}/{stage}" for device, pipeline, stage in spec.group]
+        total, sent = ring_all_reduce(
+            flat, group=names, me=f"{spec.device}/{spec.pipeline}/{spec.stage}",
+            send=lambda peer, step, chunk: self._send_round(peer, round_index, step, chunk),
+            receive=lambda step: self._receive(
+                "grads", round_index, name=self._round_name(spec.pipeline, spec.stage,
+                                                            step)).tensor)
+        average = unflatten(total[:-1] / total[-1], like)
+        with self.versions.lock, torch.no_grad():
+            for param, value in zip(self.params, average, strict=True):
+                param.copy_(value)
+        self.versions.refresh()
+        self.result.rounds.append(m)
+        self.on_event(TimelineEvent(spec.run, spec.device, spec.stage, "aggregate", m,
+                                    self.version, start, self.clock.now(), sent,
+                                    pipeline=spec.pipeline))
         self._after_update()
+
+    def _round_name(self, pipeline: int, stage: int, step: str) -> str:
+        """The data-plane name of a group average's chunk for the member (pipeline, stage)
+        (members of one device share its inbox)."""
+        return f"g{self.spec.generation}:avg:p{pipeline}s{stage}:{step}"
+
+    def _send_round(self, peer: str, round_index: int, step: str, chunk: torch.Tensor) -> None:
+        device, pipeline, stage = peer.rsplit("/", 2)
+        header, frames = encode_message(
+            run=self.spec.run, kind="grads", microbatch=round_index, version=self.version,
+            tensor=chunk, name=self._round_name(int(pipeline), int(stage), step),
+            sent_at=self.clock.absolute())
+        self.plane.send(device, frames, header=header)
+

@@ -39,11 +39,13 @@ DEPLOYMENT_TTL_S = 300.0  # a deployed stage whose start does not come is droppe
 
 def neighbours(command: DeployCommand) -> set[str]:
     """The devices a stage talks to: the stages before and after it, the last (labels), the
-    next one round (chain replicas) and its own group (gradients)."""
+    next one round (chain replicas), its own replicas (gradients) and its aggregation
+    group's members (weights)."""
     spec = command.spec
-    return {d for k in (spec.stage - 1, spec.stage, spec.stage + 1, spec.num_stages - 1,
-                        (spec.stage + 1) % spec.num_stages)
-            if 0 <= k < spec.num_stages for d in spec.stage_devices[k]} - {spec.device}
+    return ({d for k in (spec.stage - 1, spec.stage, spec.stage + 1, spec.num_stages - 1,
+                         (spec.stage + 1) % spec.num_stages)
+             if 0 <= k < spec.num_stages for d in spec.stage_devices[k]}
+            | {device for device, _, _ in spec.group}) - {spec.device}
 
 
 class Launcher:
@@ -67,8 +69,9 @@ class Launcher:
         spec = command.spec
         if spec.device != self.uid:
             raise StageError(f"this agent is device {self.uid}; the stage is for {spec.device}")
-        if self.deployments.get(StageKey(spec.run, 0, spec.stage)) is not None:
-            raise StageError(f"run {spec.run} is already deployed here")
+        if self.deployments.get(StageKey(spec.run, spec.pipeline, spec.stage)) is not None:
+            raise StageError(f"run {spec.run}'s stage {spec.stage} of pipeline "
+                             f"{spec.pipeline} is already deployed here")
         missing = sorted(neighbours(command) - set(command.peers))
         if missing:
             raise StageError(f"no data-plane address for neighbour {missing[0]}")
@@ -81,7 +84,9 @@ class Launcher:
         for peer in sorted(neighbours(command)):
             self.plane.connect(peer, command.peers[peer])
         clock = Clock(started_at=command.started_at or 0.0, offset_s=self.connection.offset_s)
-        store = self.weights.store(spec.run)
+        # checkpoints and replicas are kept by run and layers: a run of several pipelines,
+        # whose stages on one device may hold the same layers, keeps pipeline 0's only
+        store = self.weights.store(spec.run) if spec.pipeline == 0 else None
         restored = {}
         if command.restore is not None:
             began = clock.now()

@@ -54,11 +54,15 @@ class Reporter:
         held = self.deployments.of_run(record.header.run)
         if not held:
             return
-        deployment = held[0]  # the header names no stage: one stage of a run per device
+        # a message's name starts with its stage's tag (generation and pipeline: one stage
+        # of each pipeline of a run per device); else the run's first stage here
+        tag = (record.header.name or "").split(":", 1)[0]
+        deployment = next((d for d in held if d.spec.tag == tag), held[0])
         started = deployment.clock.started_at
         self.event(TimelineEvent(record.header.run, self.uid, deployment.spec.stage, "send",
                                  record.header.microbatch, record.header.version,
-                                 record.start - started, record.end - started, record.nbytes))
+                                 record.start - started, record.end - started, record.nbytes,
+                                 pipeline=deployment.spec.pipeline))
 
     def flush(self) -> None:
         """Move what the stages produced into the outbox, one message per run."""

@@ -62,6 +62,13 @@ class WeightVersions:
             self._keep()
             return self.snapshots[version]
 
+    def refresh(self) -> None:
+        """The live weights changed without a new version (an aggregation group's average):
+        a snapshot of the live version is taken again."""
+        with self.lock:
+            if self.snapshots.pop(self.version, None) is not None:
+                self._keep()
+
     def updated(self, *, in_flight: Iterable[int], floor: int) -> None:
         """The live weights became the next version: keep it if a forward to come runs on
         it, drop the snapshots nothing needs any more: no micro-batch ``in_flight`` ran on

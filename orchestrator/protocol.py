@@ -32,6 +32,7 @@ R = TypeVar("R", bound="_Record")
 
 MAX_STAGES = 64
 MAX_REPLICAS = 64
+MAX_PIPELINES = 1024
 MAX_NAME = 200
 MAX_TEXT = 4000  # an error or a refusal's reason
 MAX_EVENTS = 100_000  # timeline events, faults or metric points in one batch
@@ -257,7 +258,11 @@ class StageSpec:
     weight aggregation, every that many in-flight windows; 0 off). Fault tolerance:
     ``generation``, ``first_microbatch`` (the resume point), ``chain_every`` and
     ``global_every`` (replication points, in micro-batches applied), the backward timer's
-    ``suspect_factor`` and ``suspect_min_s``.
+    ``suspect_factor`` and ``suspect_min_s``. Runs of several pipelines
+    (orchestrator.runplan): the stage's ``pipeline``, and, for a stage in an aggregation
+    group, ``round_every`` (micro-batches of its pipeline a round), the ``group``'s members
+    (device, pipeline, stage) in ring order, this one among them, and its FedAvg
+    ``group_weight``.
     """
 
     run: int
@@ -289,6 +294,10 @@ class StageSpec:
     global_every: int = 0
     suspect_factor: float = 4.0
     suspect_min_s: float = 0.5
+    pipeline: int = 0
+    round_every: int = 0
+    group: tuple[tuple[str, int, int], ...] = ()
+    group_weight: float = 1.0
 
     def __post_init__(self) -> None:
         self.check()
@@ -331,9 +340,15 @@ class StageSpec:
 
     @property
     def tag(self) -> str:
-        """The data-plane name of this generation's messages: a late activation of the
-        generation before a recovery is never taken for one of this generation."""
-        return f"g{self.generation}"
+        """The data-plane name of this generation's messages of this pipeline: a late
+        activation of the generation before a recovery is never taken for one of this
+        generation, nor one of another pipeline's stage on the same device."""
+        return f"g{self.generation}" + (f"p{self.pipeline}" if self.pipeline else "")
+
+    @property
+    def member(self) -> tuple[str, int, int]:
+        """This stage as a member of an aggregation group."""
+        return (self.device, self.pipeline, self.stage)
 
     def build_schedule(self) -> Schedule:
         """The schedule of this generation's micro-batches, numbered from 0 (the executor
@@ -343,7 +358,9 @@ class StageSpec:
                               microbatches=self.microbatches - self.first_microbatch,
                               flush_every=self.flush_every, inflight=self.inflight, lag=self.lag,
                               replica_inflight=dict(self.replica_inflight) or None,
-                              two_lanes=self.two_lanes)
+                              two_lanes=self.two_lanes, pipeline=self.pipeline,
+                              rounds={self.stage: self.round_every} if self.round_every
+                              else None)
 
     # ---- validation and JSON
 
@@ -395,6 +412,14 @@ class StageSpec:
         if min(self.generation, self.chain_every, self.global_every, self.aggregate_every) < 0:
             raise _fail("generation", "generation, chain_every, global_every and "
                         "aggregate_every must not be negative")
+        if bool(self.round_every) != bool(self.group) or (
+                self.group and (self.member not in self.group
+                                or len(set(self.group)) != len(self.group)
+                                or len(self.group) < 2)):
+            raise _fail("group", "an aggregation group lists this stage and another, each "
+                        "once, and goes with round_every")
+        if not (self.group_weight > 0 and math.isfinite(self.group_weight)):
+            raise _fail("group_weight", "must be a positive number", self.group_weight)
         if not (self.suspect_factor > 0 and self.suspect_min_s > 0
                 and self.receive_timeout_s > 0):
             raise _fail("suspect_factor", "suspect_factor, suspect_min_s and "
@@ -406,6 +431,8 @@ class StageSpec:
             value = getattr(self, f.name)
             if f.name in ("layers", "inflight", "lag", "two_lanes", "lane_shares"):
                 value = None if value is None else list(value)
+            elif f.name == "group":
+                value = [list(member) for member in value]
             elif f.name == "stage_devices" or f.name == "stage_times_s":
                 value = [list(group) for group in value]
             elif f.name == "replica_inflight":
@@ -475,7 +502,18 @@ class StageSpec:
             global_every=_int(obj.get("global_every", 0), "global_every"),
             suspect_factor=_number(obj.get("suspect_factor", 4.0), "suspect_factor",
                                    above=True),
-            suspect_min_s=_number(obj.get("suspect_min_s", 0.5), "suspect_min_s", above=True))
+            suspect_min_s=_number(obj.get("suspect_min_s", 0.5), "suspect_min_s", above=True),
+            pipeline=_int(obj.get("pipeline", 0), "pipeline", maximum=MAX_PIPELINES),
+            round_every=_int(obj.get("round_every", 0), "round_every"),
+            group=tuple(_member(m, f"group[{i}]") for i, m in enumerate(
+                _list(obj.get("group") or [], "group", maximum=MAX_PIPELINES))),
+            group_weight=_number(obj.get("group_weight", 1.0), "group_weight", above=True))
+
+
+def _member(raw: Any, name: str) -> tuple[str, int, int]:
+    device, pipeline, stage = _list(raw, name, minimum=3, maximum=3)
+    return (_text(device, f"{name}[0]"), _int(pipeline, f"{name}[1]", maximum=MAX_PIPELINES),
+            _int(stage, f"{name}[2]", maximum=MAX_STAGES))
 
 
 # --------------------------------------------------------------------------- typed messages

@@ -291,3 +291,71 @@ def test_vertical_sync_keeps_only_the_versions_a_micro_batch_may_still_use() -> 
     finally:
         StageExecutor.run = original  # type: ignore[method-assign]
     assert kept["a"] <= 4 and kept["b"] <= 4 and kept["c"] <= 4, kept
+
+
+def train_pipelines(*, microbatches: int, round_every: int = 0,
+                    weights: tuple[float, float] = (1.0, 3.0)) -> Trained:
+    """Two PipeLearn-shaped pipelines (layers 0-1 on a device of their own, 2-3 on a shared
+    server), each on its own data (another seed); with ``round_every``, the devices' stages
+    and the server's two copies each form an aggregation group."""
+    torch.set_num_threads(1)
+    devices = ["a", "b", "server"]
+    planes = {d: DataPlane(bind="tcp://127.0.0.1:0") for d in devices}
+    for d in devices:
+        for peer in devices:
+            if peer != d:
+                planes[d].connect(peer, planes[peer].address)
+    clock = Clock(started_at=time.time())
+    trained = Trained()
+    errors: list[BaseException] = []
+    stages = [(p, k) for p in (0, 1) for k in (0, 1)]
+    host = {(0, 0): "a", (1, 0): "b", (0, 1): "server", (1, 1): "server"}
+    layers = {0: (0, 1), 1: (2, 3)}
+    modules = {s: build_model("mlp", input_shape=DIGITS.input_shape, num_classes=10,
+                              seed=0).stage(*layers[s[1]]) for s in stages}
+
+    def run(i: int) -> None:
+        p, k = stages[i]
+        group = tuple((host[(q, k)], q, k) for q in (0, 1)) if round_every else ()
+        spec = StageSpec(
+            run=1, device=host[(p, k)], stage=k, layers=layers[k], model="mlp",
+            dataset="digits", batch_size=16, schedule="1f1b",
+            stage_devices=((host[(p, 0)],), ("server",)), stage_times_s=((1.0,), (1.0,)),
+            microbatches=microbatches, lr=0.05, momentum=0.9, seed=p, receive_timeout_s=30,
+            pipeline=p, round_every=round_every, group=group, group_weight=weights[p])
+        try:
+            executor = StageExecutor(spec, module=modules[(p, k)], plane=planes[host[(p, k)]],
+                                     clock=clock, dataset=DIGITS if k == 0 else None,
+                                     on_event=trained.events.append)
+            trained.results[f"{p}/{k}"] = executor.run()
+            trained.weights[f"{p}/{k}"] = [t.detach().clone()
+                                           for t in modules[(p, k)].parameters()]
+        except BaseException as exc:  # surfaced by the assertion below
+            errors.append(exc)
+
+    run_stages(run, len(stages), planes.values())
+    assert not errors, errors
+    return trained
+
+
+def test_pipelines_sharing_a_device_average_their_stages_each_round() -> None:
+    # one round at the end: each group's members end with the FedAvg (weights 1 and 3) of
+    # what each trained alone, the server's two copies (one device, one inbox) included
+    alone = train_pipelines(microbatches=12)
+    grouped = train_pipelines(microbatches=12, round_every=12)
+    for k in (0, 1):
+        mine, theirs = grouped.weights[f"0/{k}"], grouped.weights[f"1/{k}"]
+        assert same(mine, theirs)
+        for got, x, y in zip(mine, alone.weights[f"0/{k}"], alone.weights[f"1/{k}"],
+                             strict=True):
+            torch.testing.assert_close(got, (1.0 * x + 3.0 * y) / 4.0, rtol=1e-5, atol=1e-6)
+        assert grouped.results[f"0/{k}"].rounds == grouped.results[f"1/{k}"].rounds == [11]
+    # every pass and transfer carries its pipeline; the server's events show both
+    assert {e.pipeline for e in grouped.events if e.device == "server"} == {0, 1}
+    averages = [e for e in grouped.events if e.kind == "aggregate"]
+    assert sorted((e.pipeline, e.stage, e.microbatch) for e in averages) == [
+        (0, 0, 11), (0, 1, 11), (1, 0, 11), (1, 1, 11)]
+    # with rounds of 4 the pipelines train on: three averages, the members equal after each
+    rounds = train_pipelines(microbatches=12, round_every=4)
+    assert rounds.results["1/1"].rounds == [3, 7, 11]
+    assert same(rounds.weights["0/0"], rounds.weights["1/0"])
