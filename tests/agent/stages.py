@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from agent.transport import DataPlane
 
@@ -18,3 +18,13 @@ def run_stages(run: Callable[[int], None], count: int, planes: Iterable[DataPlan
         t.join(timeout=120)
     for plane in planes:
         plane.close()
+
+
+def connected_planes(devices: Sequence[str]) -> dict[str, DataPlane]:
+    """A data plane for each device on loopback, each knowing every other's address."""
+    planes = {d: DataPlane(bind="tcp://127.0.0.1:0") for d in devices}
+    for d in devices:
+        for peer in devices:
+            if peer != d:
+                planes[d].connect(peer, planes[peer].address)
+    return planes

@@ -18,7 +18,7 @@ from agent.zoo import build_model
 from orchestrator.events import TimelineEvent
 from orchestrator.protocol import StageSpec
 from orchestrator.schedule import reference_version
-from tests.agent.stages import run_stages
+from tests.agent.stages import connected_planes, run_stages
 
 DIGITS = load_dataset("digits")
 
@@ -43,11 +43,7 @@ def train(layers: Sequence[tuple[int, int]], groups: Sequence[Sequence[str]], *,
     each device on its own model copy (built from one seed), each on its own thread."""
     torch.set_num_threads(1)
     devices = [d for g in groups for d in g]
-    planes = {d: DataPlane(bind="tcp://127.0.0.1:0") for d in devices}
-    for d in devices:
-        for peer in devices:
-            if peer != d:
-                planes[d].connect(peer, planes[peer].address)
+    planes = connected_planes(devices)
     clock = Clock(started_at=time.time())
     trained = Trained()
     metrics: list[Metric] = []
@@ -299,12 +295,7 @@ def train_pipelines(*, microbatches: int, round_every: int = 0,
     server), each on its own data (another seed); with ``round_every``, the devices' stages
     and the server's two copies each form an aggregation group."""
     torch.set_num_threads(1)
-    devices = ["a", "b", "server"]
-    planes = {d: DataPlane(bind="tcp://127.0.0.1:0") for d in devices}
-    for d in devices:
-        for peer in devices:
-            if peer != d:
-                planes[d].connect(peer, planes[peer].address)
+    planes = connected_planes(["a", "b", "server"])
     clock = Clock(started_at=time.time())
     trained = Trained()
     errors: list[BaseException] = []
