@@ -59,11 +59,17 @@ def train(testbed: Any, spec: int, devices: list[dict[str, Any]], algorithm: str
     if summary["state"] != "finished":
         raise SystemExit(f"{label}: the run ended {summary['state']}: {summary['error']}")
     summary["stages"] = row["stages"]
+    from webapp.runs.models import Plan
+
+    document = Plan.objects.get(pk=row["plan"]).document
+    summary["two_lanes"] = sorted(document.get("beta") or {})
+    summary["groups"] = max(len(st["devices"]) for st in document["stages"])
     return summary
 
 
 BASE_SLOWDOWN = 6.0
-SECTIONS = ("slow4", "slow10", "groups")
+SECTIONS = ("slow4", "slow10", "groups", "lanes")
+HYBRID = "cpu=1:0.5,gpu=2:4"  # the hybrid agent's resources: kind=speed:backward_speed
 
 
 DEFAULT_BATCHES = {"mlp": 150, "vgg5": 40}
@@ -71,10 +77,14 @@ DEFAULT_BATCHES = {"mlp": 150, "vgg5": 40}
 
 def testbed_section(*, slowdown: float, port: int, models: list[str], batches: int | None,
                     algorithms: list[str], single: bool, replicate: bool,
-                    batch_size: int, base_slowdown: float = BASE_SLOWDOWN) -> dict[str, Any]:
+                    batch_size: int, base_slowdown: float = BASE_SLOWDOWN,
+                    hybrid: str | None = None) -> dict[str, Any]:
+    """``hybrid``: the first agent emulates a device of these compute resources (its
+    --resources), whose forward/backward split a Duan-Wu plan runs on two lanes."""
     from webapp.demo.scenario import DemoAgent, LocalTestbed
 
-    agents = [DemoAgent("rt-fast-a", slowdown=base_slowdown),
+    agents = [DemoAgent("rt-hybrid" if hybrid else "rt-fast-a", slowdown=base_slowdown,
+                        resources=hybrid),
               DemoAgent(f"rt-slow{slowdown:g}x", slowdown=base_slowdown * slowdown),
               DemoAgent("rt-fast-c", slowdown=base_slowdown)]
     out: dict[str, Any] = {}
@@ -83,8 +93,8 @@ def testbed_section(*, slowdown: float, port: int, models: list[str], batches: i
           f"slower still (on digits, 1F1B, batches of 8 "
           f"micro-batches of {batch_size}: "
           + ", ".join(f"{m} {n}" for m, n in counts.items()) + ")")
-    header = (f"{'model':6} {'plan':10} {'stages':>6} {'measured sps':>12} "
-              f"{'simulated sps':>13} {'ratio':>6} {'period sps':>10}")
+    header = (f"{'model':6} {'plan':10} {'stages':>6} {'group':>5} {'lanes':>5} "
+              f"{'measured sps':>12} {'simulated sps':>13} {'ratio':>6} {'period sps':>10}")
     print(header)
     print("-" * len(header))
     with LocalTestbed(agents=agents, port=port, say=lambda line: print(line, file=sys.stderr)
@@ -105,9 +115,11 @@ def testbed_section(*, slowdown: float, port: int, models: list[str], batches: i
                     "measured_sps": measured, "simulated_sps": simulated,
                     "ratio": measured / simulated if simulated else None,
                     "period_sps": summary["throughput_period_sps"],
-                    "stages": summary["stages"], "loss_first": summary["loss_first"],
+                    "stages": summary["stages"], "largest_group": summary["groups"],
+                    "two_lanes": summary["two_lanes"], "loss_first": summary["loss_first"],
                     "loss_last": summary["loss_last"]}
-                print(f"{model:6} {name:10} {summary['stages']:>6} {measured:>12.1f} "
+                print(f"{model:6} {name:10} {summary['stages']:>6} {summary['groups']:>5} "
+                      f"{len(summary['two_lanes']):>5} {measured:>12.1f} "
                       f"{simulated:>13.1f} {measured / simulated:>6.2f} "
                       f"{summary['throughput_period_sps']:>10.1f}")
     return out
@@ -127,7 +139,8 @@ def main() -> None:
                         help="which testbeds to run: slow4 (one agent 4x slower: uniform, "
                              "FTPipeHD, optimal, one device alone), slow10 (10x slower: the "
                              "heterogeneity-aware plans against uniform), groups (4x slower: "
-                             "plans with replicated stages, bsp, duanwu, pipedream); "
+                             "plans with replicated stages, bsp, duanwu, pipedream), lanes "
+                             f"(one agent of resources {HYBRID}: Duan-Wu's two lanes); "
                              f"default all ({','.join(SECTIONS)})")
     parser.add_argument("--base-slowdown", type=float, default=BASE_SLOWDOWN, metavar="X",
                         help=f"how many times slower than this machine the fast agents are "
@@ -161,6 +174,11 @@ def main() -> None:
         results["groups"] = testbed_section(slowdown=4.0, port=args.port + 2, single=False,
                                             algorithms=["bsp", "duanwu", "pipedream"],
                                             **common)
+    if "lanes" in sections:
+        # a device whose two resources differ in forward/backward speed (an accelerator beside
+        # a CPU): Duan-Wu's plan gives it a split, and it runs its passes on two lanes
+        results["lanes"] = testbed_section(slowdown=4.0, port=args.port + 3, single=False,
+                                           algorithms=["duanwu"], hybrid=HYBRID, **common)
     ratios = [r["ratio"] for section in results.values() for r in section.values()
               if r["ratio"]]
     report: dict[str, Any] = {"bench": "runtime", **results}

@@ -43,8 +43,27 @@ def finish_plan(cm: CostModel, raw: Sequence[RawStage], *, algorithm: str, sched
     predicted = evaluate(cm, stages, beta=frozen)
     inflight = choose_inflight(cm, stages, predicted, beta=frozen)
     windows = replica_inflight(cm, stages, predicted, inflight, beta=frozen)
+    lag = choose_lag(cm, stages, predicted, inflight, beta=frozen)
     return Plan(algorithm=algorithm, schedule=schedule, microbatches=microbatches, stages=stages,
                 beta=frozen, predicted=predicted, planner_s=time.perf_counter() - started,
-                bound=bound, inflight=inflight, notes=tuple(notes),
-                lag=choose_lag(cm, stages, predicted, inflight, beta=frozen),
+                bound=bound, inflight=inflight,
+                notes=(*notes, *staleness_notes(stages, inflight, lag, schedule)), lag=lag,
                 replica_inflight=MappingProxyType(windows) if windows else None)
+
+
+def staleness_notes(stages: Sequence[Stage], inflight: Sequence[int],
+                    lag: Sequence[int] | None, schedule: str) -> list[str]:
+    """Under asynchronous 1F1B a replicated stage forwards its micro-batches ``lag`` behind
+    (every replica applies every update, and waits for none of them): say so where that is
+    staler than the first stage's own depth, which a single device would need anyway. At a
+    high learning rate such staleness slows or stops training (the MLP on digits at lr 0.1
+    did not learn with its forwards 11 behind: loss 2.1 after 1,200 micro-batches, against
+    0.02 with 1)."""
+    if lag is None or schedule != "1f1b":
+        return []
+    stale = [(k, g) for k, (g, stage) in enumerate(zip(lag, stages, strict=True))
+             if len(stage.devices) > 1 and g > inflight[0]]
+    return [f"stage {k}'s replicas forward each micro-batch on weights {g} updates old "
+            "(asynchronous 1F1B: every replica applies every update, waiting for none): a "
+            "high learning rate may need lowering; under gpipe the replicas train "
+            "synchronously" for k, g in stale]

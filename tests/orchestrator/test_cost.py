@@ -220,3 +220,16 @@ def test_a_stage_pays_for_each_message_it_sends() -> None:
     assert alone.stage_s[0] == pytest.approx(12.5)  # nothing to send
     middle = evaluate(cm, (Stage((0, 0), ("b",)), Stage((1, 4), ("a",)), Stage((5, 5), ("c",))))
     assert middle.stage_s[1] == pytest.approx(8.0 + 0.5 + 2 * 0.25)
+
+
+def test_a_plan_says_when_its_replicas_forward_on_stale_weights() -> None:
+    from orchestrator.partition import run_planner
+
+    profile = make_profile([(1.0, 1.0)] * 2, param_bytes=[MB, MB])
+    cm = build_cost_model(profile, DeviceSet(devices=(make_device("a", 1.0),
+                                                      make_device("b", 0.25))))
+    bsp = run_planner(cm, "bsp")
+    assert bsp.lag is not None and bsp.lag[0] > (bsp.inflight or (1,))[0]
+    assert any(f"weights {bsp.lag[0]} updates old" in n for n in bsp.notes)
+    assert not run_planner(cm, "bsp", schedule="gpipe").notes  # synchronous: no staleness
+    assert not run_planner(cm, "optimal").notes  # one device per stage

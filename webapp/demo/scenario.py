@@ -48,11 +48,14 @@ class DemoAgent:
     slowdown: float = 1.0
     bandwidth_mbps: float | None = None
     latency_ms: float = 0.0
+    resources: str | None = None  # emulated compute resources (the agent's --resources)
 
     def describe(self) -> str:
         parts = [f"{self.slowdown:g}x slower" if self.slowdown > 1 else "fast"]
         if self.bandwidth_mbps is not None:
             parts.append(f"{self.bandwidth_mbps:g} Mbit/s link, {self.latency_ms:g} ms")
+        if self.resources:
+            parts.append(f"resources {self.resources}")
         return ", ".join(parts)
 
 
@@ -147,6 +150,8 @@ class LocalTestbed:
                 command += ["--token", token]
             if agent.bandwidth_mbps is not None:
                 command += ["--bandwidth-mbps", str(agent.bandwidth_mbps)]
+            if agent.resources:
+                command += ["--resources", agent.resources]
             self.processes.start(self.agent_process(agent), command)
         return [wait_for(lambda a=a: self._enrolled_uid(a), timeout_s=60,
                          what=f"agent {a.name} to enrol") for a in self.agents]

@@ -24,7 +24,7 @@ from orchestrator.events import parse_event, parse_fault
 from orchestrator.formats import SCHEDULES, parse_plan
 from orchestrator.formats import Plan as PlanDocument
 from orchestrator.partition import LEARNED, PLANNERS, run_planner
-from orchestrator.protocol import StageSpec
+from orchestrator.protocol import ProtocolError, StageSpec
 from orchestrator.simulator import schedule_inputs, simulate
 from webapp.common.exceptions import Conflict, InvalidInput, distinct_choices
 from webapp.devices.commands import command_build, device_command_send
@@ -571,14 +571,16 @@ def _plan_figures(plan: Plan, progress: TrainingProgress | None = None) -> dict[
     if not predicted.memory_ok:
         figures["error"] = ("does not fit in memory: "
                             f"{memory_shortfall(cm, computed.stages, predicted)}")
+    # a plan that could not run fails here, so that starting the best plan never picks it:
+    # its stages as the agents would get them, and its schedule run to the end
     try:
+        spec_fields(run=run, document=computed, cm=cm)
         result = simulate(cm, computed, run=run.pk,
                           microbatches=run.microbatches * settings.PLANNING_SIMULATED_BATCHES)
-    except RuntimeError as exc:  # a schedule the simulator cannot run to the end
-        figures["simulation"] = {"error": str(exc)}
-    else:
-        figures["simulated_throughput_sps"] = result.throughput_sps
-        figures["simulation"] = result.summary_json()
+    except (ProtocolError, RuntimeError) as exc:
+        raise PlanningError(f"the {plan.algorithm} plan cannot run: {exc}") from None
+    figures["simulated_throughput_sps"] = result.throughput_sps
+    figures["simulation"] = result.summary_json()
     return figures
 
 

@@ -197,6 +197,31 @@ def test_a_crashing_planner_fails_its_plan_instead_of_leaving_the_run_planning(m
     assert run.state == Run.State.FAILED
 
 
+def test_a_plan_that_could_not_run_fails_so_the_best_is_one_that_can(
+        monkeypatch, django_capture_on_commit_callbacks):
+    # every planner's plan trains on the agents; one whose schedule would not run to its end
+    # (or whose stages no agent would take) fails at planning, and starting the best plan
+    # never picks it
+    from orchestrator.simulator import simulate
+
+    def deadlocking(cm, plan, **kwargs):
+        if plan.algorithm == "optimal":
+            raise RuntimeError("the schedule deadlocks: waiting actions {'a': '0B3'}")
+        return simulate(cm, plan, **kwargs)
+
+    monkeypatch.setattr(services, "simulate", deadlocking)
+    run = profiled_run(algorithms=("optimal", "uniform", "bsp"))
+    with django_capture_on_commit_callbacks(execute=True):
+        services.run_plan(run=run)
+    plans = {p.algorithm: p for p in Run.objects.get(pk=run.pk).plans.all()}
+    assert plans["optimal"].status == Plan.Status.FAILED
+    assert plans["optimal"].error == ("the optimal plan cannot run: the schedule deadlocks: "
+                                      "waiting actions {'a': '0B3'}")
+    assert {plans[a].status for a in ("uniform", "bsp")} == {Plan.Status.DONE}
+    best = selectors.plan_best(run=Run.objects.get(pk=run.pk))
+    assert best is not None and best.algorithm != "optimal"
+
+
 def test_plans_requeue_unfinished_queues_the_plans_of_planning_runs(monkeypatch):
     queued = []
     from webapp.runs import tasks
