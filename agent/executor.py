@@ -52,8 +52,8 @@ from torch import nn
 from agent.data import Dataset
 from agent.emulation import Slowdown
 from agent.fixedcosts import CostClock, FixedCosts
-from agent.gradsync import flatten, ring_all_reduce, send_gradients, unflatten
 from agent.optim import SGD
+from agent.sharing import Sharing
 from agent.transport import DataPlane, Message, encode_message
 from agent.versions import Aggregation, VersionError, WeightVersions
 from agent.weights import (
@@ -145,7 +145,7 @@ HANDLERS = {"F": "forward", "B": "backward", "U": "update", "A": "all_reduce",
             "G": "average_group"}
 
 
-class StageExecutor:
+class StageExecutor(Sharing):
     """Runs one stage's action list to the end (or until ``stop`` is set)."""
 
     def __init__(self, spec: StageSpec, *, module: nn.Module, plane: DataPlane,
@@ -650,47 +650,6 @@ class StageExecutor:
         self.result.backwards.append(m)
         self.costs.mark(len(self.result.backwards))
 
-    def all_reduce(self, action: Action) -> None:
-        """Share gradients with the stage's other replicas (agent.gradsync)."""
-        spec, m = self.spec, action.microbatch
-        peers = [d for d in spec.replicas if d != spec.device]
-        start = self.clock.now()
-        if spec.schedule == "1f1b":
-            sent = send_gradients(self.plane, run=spec.run, name=spec.tag, microbatch=m,
-                                  version=self.version, grads=self.grads[m], peers=peers,
-                                  sent_at=self.clock.absolute)
-        else:
-            like = self.params
-            held = self.accumulated or [torch.zeros_like(p) for p in like]
-            flat = torch.cat([flatten(held, dtype=like[0].dtype),
-                              torch.tensor([float(self.accumulated_count)], dtype=like[0].dtype)])
-            total, sent = ring_all_reduce(
-                flat, group=spec.replicas, me=spec.device,
-                send=lambda peer, step, chunk: self._send_chunk(peer, m, step, chunk),
-                receive=lambda step: self._receive(
-                    "grads", m, name=f"{spec.tag}:{step}").tensor)
-            # the replicas' summed gradients and micro-batches: the update takes the average
-            self.accumulated = unflatten(total[:-1], like)
-            self.accumulated_count = round(float(total[-1]))
-        self.on_event(TimelineEvent(spec.run, spec.device, spec.stage, "aggregate", m,
-                                    self.version, start, self.clock.now(), sent,
-                                    pipeline=spec.pipeline))
-
-    def _send_chunk(self, peer: str, microbatch: int, step: str, chunk: torch.Tensor) -> None:
-        header, frames = encode_message(
-            run=self.spec.run, kind="grads", microbatch=microbatch, version=self.version,
-            tensor=chunk, name=f"{self.spec.tag}:{step}", sent_at=self.clock.absolute())
-        self.plane.send(peer, frames, header=header)
-
-    def _peer_gradients(self, m: int) -> list[torch.Tensor]:
-        """The gradients of micro-batch m, which another replica owns and sent."""
-        message = self._receive("grads", m)
-        self._record_receive(message, self.spec.stage)
-        try:
-            return unflatten(message.tensor, self.params)
-        except ValueError as exc:
-            raise StageError(f"stage {self.spec.stage}, micro-batch {m}: {exc}") from None
-
     def update(self, action: Action) -> None:
         m = action.microbatch
         if self.spec.schedule == "gpipe":
@@ -725,46 +684,3 @@ class StageExecutor:
         self.result.updated.extend(range(before, self.applied))
         if m not in self.round_ends:
             self._after_update()
-
-    def average_group(self, action: Action) -> None:
-        """A round's end: the live weights become the average of the aggregation group's
-        members' (FedAvg, weighted by ``group_weight``), by ring all-reduce of the weighted
-        weights and the weights' sum among the members (agent.gradsync). The version stays;
-        the round's last update is checkpointed (and replicated) with the average."""
-        spec, m = self.spec, action.microbatch
-        round_index = (m + 1) // spec.round_every - 1
-        start = self.clock.now()
-        like = self.params
-        flat = torch.cat([flatten(like) * spec.group_weight,
-                          torch.tensor([spec.group_weight], dtype=like[0].dtype)])
-        names = [f"{device}/{pipeline}/{stage}" for device, pipeline, stage in spec.group]
-        total, sent = ring_all_reduce(
-            flat, group=names, me=f"{spec.device}/{spec.pipeline}/{spec.stage}",
-            send=lambda peer, step, chunk: self._send_round(peer, round_index, step, chunk),
-            receive=lambda step: self._receive(
-                "grads", round_index, name=self._round_name(spec.pipeline, spec.stage,
-                                                            step)).tensor)
-        average = unflatten(total[:-1] / total[-1], like)
-        with self.versions.lock, torch.no_grad():
-            for param, value in zip(self.params, average, strict=True):
-                param.copy_(value)
-        self.versions.refresh()
-        self.result.rounds.append(m)
-        self.on_event(TimelineEvent(spec.run, spec.device, spec.stage, "aggregate", m,
-                                    self.version, start, self.clock.now(), sent,
-                                    pipeline=spec.pipeline))
-        self._after_update()
-
-    def _round_name(self, pipeline: int, stage: int, step: str) -> str:
-        """The data-plane name of a group average's chunk for the member (pipeline, stage)
-        (members of one device share its inbox)."""
-        return f"g{self.spec.generation}:avg:p{pipeline}s{stage}:{step}"
-
-    def _send_round(self, peer: str, round_index: int, step: str, chunk: torch.Tensor) -> None:
-        device, pipeline, stage = peer.rsplit("/", 2)
-        header, frames = encode_message(
-            run=self.spec.run, kind="grads", microbatch=round_index, version=self.version,
-            tensor=chunk, name=self._round_name(int(pipeline), int(stage), step),
-            sent_at=self.clock.absolute())
-        self.plane.send(device, frames, header=header)
-
