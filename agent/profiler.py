@@ -23,7 +23,6 @@ reports the device it emulates, whose passes the executor paces to those scaled 
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from collections.abc import Callable
@@ -76,6 +75,17 @@ def optimizer_call_s(*, warmup: int = 20, repeats: int = 101) -> float:
 
 
 MAX_SWEEPS = 2000
+
+
+def timed_sweeps(warm_up_s: list[float], *, repeats: int, min_time_s: float) -> int:
+    """How many sweeps ``min_time_s`` takes, by the fastest warm-up sweep, at least
+    ``repeats`` (at most MAX_SWEEPS). The fastest, not the mean: the first torch work of a
+    process pays autograd's lazy set-up (an MLP sweep took 297 ms, then 1.5 ms), and the mean
+    made 3 sweeps of such a profile where 0.25 s takes over a hundred."""
+    per_sweep = min(warm_up_s, default=0.0)
+    if per_sweep <= 0:
+        return repeats
+    return min(MAX_SWEEPS, max(repeats, int(min_time_s / per_sweep) + 1))
 
 
 def _sweep(modules: list[nn.Module], optimizers: list[SGD | None],
@@ -144,16 +154,12 @@ def profile_model(model: ZooModel, *, batch_size: int, reference: str, dataset: 
     grad = torch.randn(x.shape, generator=generator)
     optimizers = [SGD(params, lr=1e-6) if params else None
                   for params in ([p for p in m.parameters() if p.requires_grad] for m in modules)]
-    # the sweeps min_time_s takes, by the fastest warm-up sweep: the first torch work of a
-    # process pays autograd's lazy set-up (an MLP sweep took 297 ms, then 1.5 ms), and their
-    # mean made 3 sweeps of such a profile where 0.25 s takes over a hundred
-    per_sweep = math.inf if warmup else 0.0
+    warm_up_s = []
     for _ in range(warmup):
         began = time.perf_counter()
         _sweep(modules, optimizers, x0, grad)
-        per_sweep = min(per_sweep, time.perf_counter() - began)
-    sweeps = repeats if per_sweep <= 0 else min(
-        MAX_SWEEPS, max(repeats, int(min_time_s / per_sweep) + 1))
+        warm_up_s.append(time.perf_counter() - began)
+    sweeps = timed_sweeps(warm_up_s, repeats=repeats, min_time_s=min_time_s)
     bar.total = n + sweeps
     samples: list[tuple[list[float], list[float]]] = []
     for k in range(sweeps):
