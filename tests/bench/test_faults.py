@@ -10,12 +10,13 @@ from types import SimpleNamespace
 
 from bench.faults import CpuSampler, agents_waiting
 
-# half a second of its own CPU time, however long a loaded machine makes that take (a wall
-# second of spinning got under 0.3 s of a core on a loaded machine, and the test failed)
-BUSY_FOR_HALF_A_SECOND = """
+# 1.2 s of its own CPU time (longer than the sampler's interval), however long a loaded
+# machine makes that take (a wall second of spinning got under 0.3 s of a core on a loaded
+# machine, and the test failed)
+BUSY_FOR_A_CPU_SECOND = """
 import threading, time
 def spin():
-    while time.thread_time() < 0.5:
+    while time.thread_time() < 1.2:
         pass
 thread = threading.Thread(target=spin)
 thread.start()
@@ -25,10 +26,10 @@ time.sleep(60)
 
 
 def test_the_sampler_counts_a_thread_that_exited_before_its_window_is_read() -> None:
-    # Prepare: an "agent" whose one busy thread spins for half a second of CPU and ends, and
+    # Prepare: an "agent" whose one busy thread spins for 1.2 s of CPU and ends, and
     # an idle "web"
     children = {name: SimpleNamespace(process=subprocess.Popen([sys.executable, "-c", code]))
-                for name, code in (("agent-busy", BUSY_FOR_HALF_A_SECOND),
+                for name, code in (("agent-busy", BUSY_FOR_A_CPU_SECOND),
                                    ("web", "import time; time.sleep(60)"))}
     testbed = SimpleNamespace(processes=SimpleNamespace(children=children))
     try:
@@ -46,7 +47,7 @@ def test_the_sampler_counts_a_thread_that_exited_before_its_window_is_read() -> 
     # Assert: the spinning second is there although its thread was gone before the window ended
     # (a read at the end alone would have lost it); agents are named without their prefix
     assert set(window) == {"busy", "web"}
-    assert window["busy"]["cores"] > 0.075, window  # >= 0.3 s of CPU over about 4 s
+    assert window["busy"]["cores"] > 0.15, window  # >= 0.6 s of CPU over about 4 s
     assert window["web"]["cores"] < window["busy"]["cores"] / 4, window
     assert agents_waiting(window) == window["busy"]["waiting"]
     assert sampler.window(end + 10, end + 20) == {}
