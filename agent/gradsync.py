@@ -45,16 +45,14 @@ def unflatten(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Te
 def send_gradients(plane: DataPlane, *, run: int, name: str, microbatch: int, version: int,
                    grads: Sequence[torch.Tensor], peers: Sequence[str],
                    sent_at: Callable[[], float]) -> int:
-    """Send a micro-batch's gradients to every peer; returns the bytes sent."""
-    flat = flatten(grads)
-    sent = 0
+    """Send a micro-batch's gradients to every peer, encoded once (the same frames go to
+    each: every copy of a large gradient costs the stage time); returns the bytes sent."""
+    header, frames = encode_message(run=run, kind="grads", microbatch=microbatch,
+                                    version=version, tensor=flatten(grads), name=name,
+                                    sent_at=sent_at())
     for peer in peers:
-        header, frames = encode_message(run=run, kind="grads", microbatch=microbatch,
-                                        version=version, tensor=flat, name=name,
-                                        sent_at=sent_at())
         plane.send(peer, frames, header=header)
-        sent += len(frames[1])
-    return sent
+    return len(frames[1]) * len(peers)
 
 
 def ring_all_reduce(flat: torch.Tensor, *, group: Sequence[str], me: str, send: Callable[
