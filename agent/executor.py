@@ -230,7 +230,10 @@ class StageExecutor(Sharing):
             window=(spec.num_stages - spec.stage if spec.inflight is None
                     else spec.inflight[spec.stage]))
         self.result = StageResult()
-        self.costs = CostClock(backwards=sum(1 for a in self.actions if a.kind == "B"))
+        # the fixed cost's clock ticks at each backward; on a replica at each update (it pays
+        # its fixed cost for every micro-batch of the stage: cost.shared_compute_s)
+        self.tick = "U" if spec.replicated and spec.schedule == "1f1b" else "B"
+        self.costs = CostClock(backwards=sum(1 for a in self.actions if a.kind == self.tick))
         # two lanes: how far the lane of everything but forwards has got
         self.lane_state = threading.Condition()
         self.others_started = 0
@@ -407,10 +410,11 @@ class StageExecutor(Sharing):
     def fixed_costs(self) -> FixedCosts | None:
         """What a micro-batch cost this stage beyond its paced passes and its waits, over the
         steady state (agent.fixedcosts); None without warm times, with too few micro-batches,
-        on two lanes (no single thread's time is the stage's), or on a replica (it also
-        applies its peers' updates: counted per micro-batch of its own, that work read as the
-        device's overhead and slowed every later plan of it)."""
-        if self.warm_s is None or self.lanes or self.spec.replicated:
+        or on two lanes (no single thread's time is the stage's). A replica under 1F1B
+        measures per micro-batch of the stage, each of whose updates it applies (counted per
+        micro-batch of its own, its peers' updates read as its device's overhead and slowed
+        every later plan of it), as the cost model charges it."""
+        if self.warm_s is None or self.lanes:
             return None
         return self.costs.costs()
 
@@ -648,7 +652,8 @@ class StageExecutor(Sharing):
         else:
             self.grads[m] = param_grads
         self.result.backwards.append(m)
-        self.costs.mark(len(self.result.backwards))
+        if self.tick == "B":
+            self.costs.mark(len(self.result.backwards))
 
     def update(self, action: Action) -> None:
         m = action.microbatch
@@ -682,5 +687,7 @@ class StageExecutor(Sharing):
                               floor=self.latest_header_version)
         self.result.updates += 1
         self.result.updated.extend(range(before, self.applied))
+        if self.tick == "U":
+            self.costs.mark(self.result.updates)
         if m not in self.round_ends:
             self._after_update()

@@ -111,9 +111,16 @@ class CostModel:
         return (float(self.fwd_prefix[d, e + 1] - self.fwd_prefix[d, a]) + fixed_f,
                 float(self.bwd_prefix[d, e + 1] - self.bwd_prefix[d, a]) + fixed_b)
 
-    def compute_s(self, a: int, e: int, group: Sequence[int]) -> float:
-        """C: the replicas of a stage share its micro-batches in proportion to their speed."""
-        return _shared_compute_s([self.device_s(d, a, e) for d in group])
+    def compute_s(self, a: int, e: int, group: Sequence[int], *,
+                  every_update: bool = True) -> float:
+        """C: the replicas of a stage share its micro-batches in proportion to their speed,
+        and under 1F1B (``every_update``) each pays its fixed cost for every micro-batch of
+        the stage (it applies every one's update, :func:`shared_compute_s`); under GPipe
+        each applies one update per batch, and pays its fixed cost per micro-batch of its
+        own."""
+        return shared_compute_s([self.device_s(d, a, e) for d in group],
+                                [self.fixed_s(d, a, e) for d in group] if every_update
+                                else None)
 
     def params_bytes(self, a: int, e: int) -> float:
         return float(self.param_prefix[e + 1] - self.param_prefix[a])
@@ -268,13 +275,14 @@ class StageFigures:
 
 
 def stage_figures(cm: CostModel, stage: Stage, *,
-                  beta: Mapping[str, Mapping[str, float]] | None = None) -> StageFigures:
+                  beta: Mapping[str, Mapping[str, float]] | None = None,
+                  schedule: str = "1f1b") -> StageFigures:
     group = [cm.index(d) for d in stage.devices]
     a, e = stage.layers
     if beta is None:
-        compute = cm.compute_s(a, e, group)
+        compute = cm.compute_s(a, e, group, every_update=schedule == "1f1b")
     else:
-        compute = _shared_compute_s([device_beta_s(cm, d, a, e, beta) for d in group])
+        compute = shared_compute_s([device_beta_s(cm, d, a, e, beta) for d in group])
     return StageFigures(compute_s=compute, sync_s=cm.sync_s(a, e, group))
 
 
@@ -295,15 +303,31 @@ def device_beta_s(cm: CostModel, d: int, a: int, e: int,
     return beta_compute_s(rf, rb, fractions)
 
 
-def _shared_compute_s(times: Sequence[float]) -> float:
-    """C of replicas that take ``times`` each: they share micro-batches by speed."""
+def shared_compute_s(times: Sequence[float], fixed: Sequence[float] | None = None) -> float:
+    """C of replicas that take ``times`` each per micro-batch, ``fixed`` of it their fixed
+    cost: they share the stage's micro-batches by the speed of their passes, and each pays
+    its fixed cost for every micro-batch of the stage, since it applies every update (its
+    peers' too: a received gradient decoded and applied, an event, a checkpoint). In a
+    period P replica d passes s_d micro-batches of p_d = t_d - f_d and pays f_d, so
+    P = (1 + sum f_d / p_d) / sum 1 / p_d; one device: t. Charged per micro-batch of its own
+    only, the MLP's data-parallel plans on bench/runtime.py measured 0.66-0.71 of the
+    simulation, about 1 ms a micro-batch of the stage short on every replica."""
     if any(t <= 0 for t in times):
         return 0.0
-    return 1.0 / sum(1.0 / t for t in times)
+    if len(times) == 1:
+        return times[0]
+    if fixed is None:
+        return 1.0 / sum(1.0 / t for t in times)
+    passes = [t - f for t, f in zip(times, fixed, strict=True)]
+    if any(p <= 0 for p in passes):
+        return 1.0 / sum(1.0 / t for t in times)
+    return (1.0 + sum(f / p for f, p in zip(fixed, passes, strict=True))) / sum(
+        1.0 / p for p in passes)
 
 
 def evaluate(cm: CostModel, stages: Sequence[Stage], *,
-             beta: Mapping[str, Mapping[str, float]] | None = None) -> Prediction:
+             beta: Mapping[str, Mapping[str, float]] | None = None,
+             schedule: str = "1f1b") -> Prediction:
     """Apply the cost model to a sequence of stages: period, bottleneck, throughput, memory."""
     check_stages(stages, num_layers=cm.num_layers, device_ids=cm.devices.ids)
     num_stages = len(stages)
@@ -314,7 +338,7 @@ def evaluate(cm: CostModel, stages: Sequence[Stage], *,
     need: dict[str, int] = {}
     memory_ok = True
     for k, stage in enumerate(stages):
-        fig = stage_figures(cm, stage, beta=beta)
+        fig = stage_figures(cm, stage, beta=beta, schedule=schedule)
         stage_s.append(fig.time_s)
         parts.append((fig.compute_s, f"stage {k} compute"))
         if fig.sync_s > 0:
@@ -499,7 +523,7 @@ def split_pass_s(cm: CostModel, d: int, a: int, e: int,
 
 
 def evaluate_plan(cm: CostModel, plan: Plan) -> Prediction:
-    return evaluate(cm, plan.stages, beta=plan.beta)
+    return evaluate(cm, plan.stages, beta=plan.beta, schedule=plan.schedule)
 
 
 def memory_shortfall(cm: CostModel, stages: Sequence[Stage], prediction: Prediction) -> str:

@@ -305,7 +305,19 @@ class _Simulation:
                     lane.free_at = end
 
     def start_U(self, w: _Worker, lane: _Lane, position: int, action: Action) -> None:
-        self.finished(w, action)  # the update's time is in the backward (the profile's)
+        """An own update's time is in the backward (the profile's). The update of a
+        micro-batch another replica owns costs the replica its fixed cost (the cost model's
+        C under 1F1B: a received gradient decoded and applied, an event, a checkpoint)."""
+        p, k, m = w.pipeline, action.stage, action.microbatch
+        if not self.shared(p, k, m, w.device):
+            self.finished(w, action)
+            return
+        stage = self.plans[p].stages[k]
+        duration = self.cm.fixed_s(self.cm.index(w.device), stage.first, stage.last)
+        start, end = self.now, self.now + duration
+        lane.free_at = end
+        self.event(w, k, "update", m, start, end)
+        self.at(end, lambda: self.finished(w, action))
 
     # ---- transfers over shared channels
 
@@ -360,6 +372,9 @@ def pass_times(cm: CostModel, plan: Plan) -> tuple[dict[str, float], dict[str, f
     return fwd, bwd
 
 
+NO_SHARE_S = 1e9  # the pace of a replica given no micro-batches (finite, as a StageSpec's)
+
+
 @dataclass(frozen=True)
 class ScheduleInputs:
     """What a plan's action lists are built from, as the simulator builds them and as the
@@ -381,6 +396,22 @@ class ScheduleInputs:
 def schedule_inputs(cm: CostModel, plan: Plan) -> ScheduleInputs:
     fwd, bwd = pass_times(cm, plan)
     pace = {d: max(fwd[d], bwd[d]) if d in plan.two_lanes else fwd[d] + bwd[d] for d in fwd}
+    if plan.schedule == "1f1b":
+        # a replica pays its fixed cost for every micro-batch of its stage whoever owns it
+        # (it applies every update): in the stage's period C it has C - f_d left for its
+        # passes of p_d each, so its share is (C - f_d) / p_d (cost.shared_compute_s), which
+        # assign_replicas gives it by the time p_d C / (C - f_d)
+        for stage in plan.stages:
+            if len(stage.devices) > 1 and not set(stage.devices) & plan.two_lanes:
+                group = [cm.index(d) for d in stage.devices]
+                period = cm.compute_s(stage.first, stage.last, group)
+                for d in stage.devices:
+                    fixed = cm.fixed_s(cm.index(d), stage.first, stage.last)
+                    passes = pace[d] - fixed
+                    if passes > 0 and period > fixed:
+                        pace[d] = passes * period / (period - fixed)
+                    elif fixed > 0:  # its updates alone take the period: no micro-batch
+                        pace[d] = NO_SHARE_S
     shares: dict[str, tuple[float, float]] = {}
     for stage in plan.stages:
         for dev in stage.devices:

@@ -40,7 +40,7 @@ def finish_plan(cm: CostModel, raw: Sequence[RawStage], *, algorithm: str, sched
     """A plan for ``raw`` with the cost model's prediction and the time since ``started``."""
     stages = to_stages(cm, raw)
     frozen = None if beta is None else freeze_beta(beta)
-    predicted = evaluate(cm, stages, beta=frozen)
+    predicted = evaluate(cm, stages, beta=frozen, schedule=schedule)
     inflight = choose_inflight(cm, stages, predicted, beta=frozen)
     windows = replica_inflight(cm, stages, predicted, inflight, beta=frozen)
     lag = choose_lag(cm, stages, predicted, inflight, beta=frozen)

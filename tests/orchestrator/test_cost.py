@@ -195,8 +195,11 @@ def test_a_devices_overhead_is_paid_once_per_stage() -> None:
     # a: 4 s of layers at speed 2 plus 0.5 s; b: 4 s
     assert p.stage_s == pytest.approx((2.5, 4.0))
     assert cm.pass_s(0, 0, 1) == pytest.approx((1.25, 1.25))
+    # replicas: passes of 4 s (a) and 8 s (b) shared by speed, and a's 0.5 s paid for every
+    # micro-batch of the stage (a applies b's updates too): (1 + 0.5 / 4) / (1/4 + 1/8)
     both = evaluate(cm, (Stage((0, 3), ("a", "b")),))
-    assert both.stage_s[0] == pytest.approx(1 / (1 / 4.5 + 1 / 8.0))
+    assert both.stage_s[0] == pytest.approx((1 + 0.5 / 4) / (1 / 4 + 1 / 8))
+    assert both.stage_s[0] > 1 / (1 / 4.5 + 1 / 8.0)  # per micro-batch of its own only
 
 
 def test_a_stage_pays_for_each_message_it_sends() -> None:

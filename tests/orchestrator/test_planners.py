@@ -94,7 +94,7 @@ def test_every_planner_predicts_with_the_cost_model(cm: CostModel) -> None:
             assert name == "ftpipehd" and cm.num_devices > cm.num_layers
             continue
         assert plan.algorithm == name and plan.schedule == "gpipe" and plan.microbatches == 4
-        assert plan.predicted == evaluate(cm, plan.stages, beta=plan.beta)
+        assert plan.predicted == evaluate(cm, plan.stages, beta=plan.beta, schedule="gpipe")
         assert plan.planner_s >= 0
         assert plan.stages[0].first == 0 and plan.stages[-1].last == cm.num_layers - 1
         assert plan.inflight is not None
