@@ -7,9 +7,10 @@ dispatch table, exchanging activations, gradients and labels with its neighbours
   and accuracy.
 - ``B`` (backward): the last stage differentiates its loss; others take the gradient of their
   output from the inbox. The gradient of the input goes back to the previous stage's device.
-- ``A`` (replicas of a stage share gradients, agent.gradsync): under 1F1B this replica's
-  gradient of its micro-batch goes to the other replicas; under GPipe the replicas
-  ring-all-reduce what they accumulated over the batch.
+- ``A`` (replicas of a stage share gradients, agent.gradsync): under asynchronous 1F1B this
+  replica's gradient of its micro-batch goes to the other replicas; under a synchronous
+  schedule (GPipe, 1F1B-sync) the replicas ring-all-reduce what they accumulated over the
+  batch.
 - ``U`` (update): SGD with momentum; each update is a new weight version. Under 1F1B a
   replica also applies the updates of the micro-batches the other replicas own, with the
   gradients they sent, so every replica holds the same weights at every version.
@@ -19,8 +20,8 @@ forward_gates): the weights holding that many of the list's updates. Weight stas
 (PipeDream, FTPipeHD): a forward whose backward comes after an update runs on a snapshot of
 its version (cloned tensors put in the parameters' places for the call), and its backward
 differentiates that same graph, so updates in between never touch what it needs. Under 1F1B
-the gradient of micro-batch m is applied to the latest weights at its ``U``; under GPipe
-gradients accumulate until the flush's single update. Vertical sync (1F1B): every stage
+the gradient of micro-batch m is applied to the latest weights at its ``U``; under GPipe and
+1F1B-sync gradients accumulate until the flush's single update. Vertical sync (1F1B): every stage
 forwards m on the version stage 0 used for it (carried in the message header), and stage 0
 on the updates up to m - the pipeline's lag (StageSpec.pipeline_lag). FTPipeHD's weight
 aggregation (``aggregate_every``): every ``aggregate_every`` x D updates (D the stage's
@@ -66,7 +67,7 @@ from agent.weights import (
     state_refs,
 )
 from orchestrator.events import TimelineEvent
-from orchestrator.formats import LayerTimes
+from orchestrator.formats import LayerTimes, synchronous
 from orchestrator.protocol import ProtocolError, StageSpec
 from orchestrator.schedule import Action, ForwardGate, reference_version
 
@@ -212,8 +213,10 @@ class StageExecutor(Sharing):
         self.state = state_refs(module, spec.layers[0])
         self._weight_refs = len(self.state)
         self._restore_momentum(optimizer_state or {})
-        # weight versions count updates: under 1F1B one per micro-batch, under GPipe one per flush
-        self.per_version = (spec.flush_every or 1) if spec.schedule == "gpipe" else 1
+        # weight versions count updates: under asynchronous 1F1B one per micro-batch, under a
+        # synchronous schedule (GPipe, 1F1B-sync) one per flush
+        self.synchronous = synchronous(spec.schedule)
+        self.per_version = (spec.flush_every or 1) if self.synchronous else 1
         self.base_version = first // self.per_version
         self.stash_for = self._stash_needed()
         self.versions = WeightVersions(
@@ -642,7 +645,7 @@ class StageExecutor(Sharing):
         if needs_input_grad:
             input_grad = grads[0] if grads[0] is not None else torch.zeros_like(flight.inputs)
             self._send("gradient", k - 1, m, flight.header_version, input_grad)
-        if self.spec.schedule == "gpipe":
+        if self.synchronous:
             if self.accumulated is None:
                 self.accumulated = param_grads
             else:
@@ -657,7 +660,7 @@ class StageExecutor(Sharing):
 
     def update(self, action: Action) -> None:
         m = action.microbatch
-        if self.spec.schedule == "gpipe":
+        if self.synchronous:
             if self.accumulated is None:
                 return
             grads = [g / self.accumulated_count for g in self.accumulated]
@@ -670,7 +673,7 @@ class StageExecutor(Sharing):
                 self.optimizer.step(grads)
 
         before = self.applied
-        if self.spec.schedule != "gpipe" and m != before:
+        if not self.synchronous and m != before:
             raise StageError(f"update of micro-batch {m} on weights holding {before} updates: "
                              "updates must come in micro-batch order")
         self._timed("update", m, self.version, work)

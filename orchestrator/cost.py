@@ -114,10 +114,10 @@ class CostModel:
     def compute_s(self, a: int, e: int, group: Sequence[int], *,
                   every_update: bool = True) -> float:
         """C: the replicas of a stage share its micro-batches in proportion to their speed,
-        and under 1F1B (``every_update``) each pays its fixed cost for every micro-batch of
-        the stage (it applies every one's update, :func:`shared_compute_s`); under GPipe
-        each applies one update per batch, and pays its fixed cost per micro-batch of its
-        own."""
+        and under asynchronous 1F1B (``every_update``) each pays its fixed cost for every
+        micro-batch of the stage (it applies every one's update, :func:`shared_compute_s`);
+        under a synchronous schedule (GPipe, 1F1B-sync) each applies one update per batch,
+        and pays its fixed cost per micro-batch of its own."""
         return shared_compute_s([self.device_s(d, a, e) for d in group],
                                 [self.fixed_s(d, a, e) for d in group] if every_update
                                 else None)

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.formats import synchronous
 from orchestrator.validation import (
     At,
     expect_integer,
@@ -190,7 +191,8 @@ def idle_breakdown(events: Sequence[TimelineEvent], *, window: tuple[float, floa
     Each idle gap is charged to the operation that ends it: a forward waits upstream, a
     backward downstream, an aggregate or an update for its replicas (an update waits only for
     the gradient another replica sends); the first forward and the first
-    backward of a weight version (GPipe) or of the run (1F1B), and the time after the last
+    backward of a weight version (a synchronous schedule: GPipe, 1F1B-sync) or of the run
+    (asynchronous 1F1B), and the time after the last
     operation, are the bubble.
     """
     lo, hi = window
@@ -199,7 +201,7 @@ def idle_breakdown(events: Sequence[TimelineEvent], *, window: tuple[float, floa
     seen_first: set[tuple[str, int]] = set()
     reason_at: dict[float, str] = {}
     for e in compute:
-        epoch = e.version if schedule == "gpipe" else 0
+        epoch = e.version if synchronous(schedule) else 0
         key = (e.kind, epoch)
         reason = {"forward": "upstream", "backward": "downstream", "aggregate": "sync",
                   "update": "sync"}.get(e.kind, "bubble")

@@ -26,7 +26,14 @@ from orchestrator.validation import (
     read_json,
 )
 
-SCHEDULES = ("1f1b", "gpipe")
+SCHEDULES = ("1f1b", "1f1b-sync", "gpipe")
+
+
+def synchronous(schedule: str) -> bool:
+    """Does ``schedule`` update once per batch, after a flush (``gpipe``, ``1f1b-sync``: every
+    micro-batch of a batch on the same weights), rather than after every micro-batch on stashed
+    weight versions (``1f1b``, PipeDream/FTPipeHD's asynchronous 1F1B)?"""
+    return schedule != "1f1b"
 
 
 # --------------------------------------------------------------------------- model profile

@@ -19,29 +19,36 @@ Schedules:
   (default S - k, the memory model's stash depth), then alternates one backward and one
   forward; each backward is followed by its update, so each micro-batch is forwarded and
   backwarded with the same stashed weight version (weight stashing).
+- ``1f1b-sync`` (synchronous 1F1B, PipeDream-flush, as torch's ``Schedule1F1B`` and
+  Megatron): within each batch the 1F1B order of ``1f1b`` (D_k micro-batches in flight, then
+  one backward, one forward), without its updates: after the batch's last backward the
+  replicas all-reduce and every stage updates once (the flush). 1F1B's memory (D_k
+  activations, no stashed versions) with GPipe's semantics (every micro-batch of a batch on
+  the same weights).
 - ``gpipe`` (synchronous): each batch of micro-batches is forwarded, then backwarded, then the
   replicas all-reduce together and every stage updates once (the flush).
 
 A stage served by several devices (a group of replicas) gives each micro-batch to the replica
 that would finish it first, so replicas share the work in proportion to their speed, as the
-cost model assumes. Under GPipe the replicas all-reduce the gradients they accumulated over
-the batch (``A``, every replica joining, even one without micro-batches in that batch) and
-apply the same average. Under 1F1B every replica applies the update of *every* micro-batch of
-the stage, in micro-batch order, as a single device would: a replica's ``A`` after its own
-backward sends that micro-batch's gradient to the other replicas, and a ``U`` of a micro-batch
-another replica owns waits for it. Each replica's list is the single-device 1F1B list of the
-stage, keeping its own forwards and backwards, with the others' updates deferred to just
-before its next own forward or update (a backward needs no new weights: it runs on the
-forward's stashed version). So the replicas' weights are identical at every version and equal,
-bit for bit, what one device would train with the same micro-batches.
+cost model assumes. Under GPipe and 1F1B-sync the replicas all-reduce the gradients they
+accumulated over the batch (``A``, every replica joining, even one without micro-batches in
+that batch) and apply the same average. Under asynchronous 1F1B every replica applies the
+update of *every* micro-batch of the stage, in micro-batch order, as a single device would: a
+replica's ``A`` after its own backward sends that micro-batch's gradient to the other replicas,
+and a ``U`` of a micro-batch another replica owns waits for it. Each replica's list is the
+single-device 1F1B list of the stage, keeping its own forwards and backwards, with the others'
+updates deferred to just before its next own forward or update (a backward needs no new
+weights: it runs on the forward's stashed version). So the replicas' weights are identical at
+every version and equal, bit for bit, what one device would train with the same micro-batches.
 
 Two lanes (Duan-Wu): a device that splits its resources between the passes runs its forwards
 on one lane and everything else on another, at once. :func:`forward_gates` says when a forward
 may start and on which weight version, for one lane or two: with two lanes under 1F1B a
 forward waits until the last backward before it in the list has started (which keeps 1F1B's
 bound on micro-batches in flight) and runs on the weights holding the updates listed before
-that backward (applied by then); under GPipe a forward waits for everything listed before it,
-so each batch still forwards on the weights of the previous flush.
+that backward (applied by then); under 1F1B-sync likewise within a batch, but the first
+forward after a flush waits for its update; under GPipe a forward waits for everything listed
+before it, so each batch still forwards on the weights of the previous flush.
 """
 
 from __future__ import annotations
@@ -51,7 +58,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
-from orchestrator.formats import SCHEDULES
+from orchestrator.formats import SCHEDULES, synchronous
 
 ACTION_KINDS = ("F", "B", "A", "U", "G")
 _ACTION = re.compile(r"^(?:p(\d+):)?(\d+)([FBAUG])(\d+)$")
@@ -223,8 +230,32 @@ def _one_f_one_b_replica(stage: int, owner: Sequence[int], replica: int, lag: in
     return acts
 
 
-def _gpipe(stage: int, mine: Sequence[int], flush_every: int, microbatches: int,
-           replicated: bool) -> list[Action]:
+def _one_f_one_b_window(stage: int, mine: Sequence[int], ahead: int) -> list[Action]:
+    """Own micro-batches in 1F1B order without updates: a forward of m when nothing is in
+    flight or m is within ``ahead`` of the oldest micro-batch in flight (by micro-batch
+    number, so that a replica holding every other micro-batch keeps the same span of the
+    pipeline in flight as one device would), else the oldest one's backward. One device
+    with ``ahead`` D - 1 gives 1F1B's warm-up of D forwards, then B, F..."""
+    acts: list[Action] = []
+    forwards = backwards = 0
+    while backwards < len(mine):
+        if forwards < len(mine):
+            m = mine[forwards]
+            if forwards == backwards or m <= mine[backwards] + ahead:
+                acts.append(Action(stage, "F", m))
+                forwards += 1
+                continue
+        acts.append(Action(stage, "B", mine[backwards]))
+        backwards += 1
+    return acts
+
+
+def _flushed(stage: int, mine: Sequence[int], flush_every: int, microbatches: int,
+             replicated: bool, ahead: int | None) -> list[Action]:
+    """A synchronous schedule's list: each batch's own micro-batches in GPipe order (``ahead``
+    None: every forward, then every backward) or in 1F1B order (:func:`_one_f_one_b_window`),
+    then the flush: ``A`` among replicas and one ``U``, labelled by the batch's last
+    micro-batch."""
     acts: list[Action] = []
     batches: dict[int, list[int]] = {}
     for batch in range(-(-microbatches // flush_every)):
@@ -234,8 +265,11 @@ def _gpipe(stage: int, mine: Sequence[int], flush_every: int, microbatches: int,
     for batch in sorted(batches):
         ms = batches[batch]
         last = min((batch + 1) * flush_every, microbatches) - 1  # the flush is labelled by it
-        acts += [Action(stage, "F", m) for m in ms]
-        acts += [Action(stage, "B", m) for m in ms]
+        if ahead is None:
+            acts += [Action(stage, "F", m) for m in ms]
+            acts += [Action(stage, "B", m) for m in ms]
+        else:
+            acts += _one_f_one_b_window(stage, ms, ahead)
         if replicated:
             acts.append(Action(stage, "A", last))
         acts.append(Action(stage, "U", last))
@@ -258,9 +292,11 @@ def forward_gates(actions: Sequence[Action], *, name: str, two_lanes: bool,
                 last_backward = (others, len(updates))
             elif action.kind == "U":
                 updates.append(others)
+                if name == "1f1b-sync":
+                    last_backward = None  # a flush: the next forward needs its update
             others += 1
             continue
-        if two_lanes and name == "1f1b" and last_backward is not None:
+        if two_lanes and name in ("1f1b", "1f1b-sync") and last_backward is not None:
             index, version = last_backward
             started, finished = index + 1, index
         else:
@@ -287,7 +323,8 @@ def build_schedule(*, name: str, stage_devices: Sequence[Sequence[str]],
     """Action lists for a pipeline of ``stage_devices`` (replicas per stage, in pipeline order)
     whose replicas take ``stage_times_s`` per micro-batch, over ``microbatches`` micro-batches.
 
-    ``flush_every`` (GPipe) is the number of micro-batches per batch; default all of them.
+    ``flush_every`` (GPipe, 1F1B-sync) is the number of micro-batches per batch; default all
+    of them.
     ``inflight`` (1F1B) is the number of micro-batches each stage keeps in flight; default
     S - k (see :func:`orchestrator.cost.choose_inflight`). ``lag`` (1F1B): a replicated stage
     forwards m on the updates of micro-batches up to m - lag (default its in-flight depth; see
@@ -297,7 +334,8 @@ def build_schedule(*, name: str, stage_devices: Sequence[Sequence[str]],
     forwards on a lane of their own (a Duan-Wu split). ``pipeline``: which of the run's
     pipelines this is (its actions carry it). ``rounds``: {stage: micro-batches per round} for
     the stages in an aggregation group, which average their weights (``G``) after the update
-    of each round's last micro-batch (under GPipe a round is a whole number of batches).
+    of each round's last micro-batch (under a synchronous schedule a round is a whole number
+    of batches).
     """
     if name not in SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {name!r}")
@@ -326,8 +364,8 @@ def build_schedule(*, name: str, stage_devices: Sequence[Sequence[str]],
         if len(stage_devices[k]) > 1 or stage_devices[k][0] in two_lanes:
             raise ValueError(f"rounds: stage {k} is replicated or on two lanes; an aggregation "
                              "group averages stages on one device each, on one lane")
-        if name == "gpipe" and length % flush:
-            raise ValueError(f"rounds: under gpipe a round is whole batches of {flush}, "
+        if synchronous(name) and length % flush:
+            raise ValueError(f"rounds: under {name} a round is whole batches of {flush}, "
                              f"not {length} micro-batches")
     num_stages = len(stage_devices)
     replica: list[tuple[str, ...]] = []
@@ -343,10 +381,11 @@ def build_schedule(*, name: str, stage_devices: Sequence[Sequence[str]],
         depth = depths[k]
         for r, device in enumerate(devices):
             mine = [m for m in range(microbatches) if owner[m] == r]
-            if name == "gpipe":
-                acts = _gpipe(k, mine, flush, microbatches, len(devices) > 1)
+            window = (replica_inflight or {}).get(device, depth)
+            if synchronous(name):
+                acts = _flushed(k, mine, flush, microbatches, len(devices) > 1,
+                                None if name == "gpipe" else window - 1)
             elif len(devices) > 1:
-                window = (replica_inflight or {}).get(device, depth)
                 acts = _one_f_one_b_replica(k, owner, r, lags[k], window - 1,
                                             two_lanes=device in two_lanes)
             else:
@@ -364,7 +403,7 @@ def build_schedule(*, name: str, stage_devices: Sequence[Sequence[str]],
 def _with_rounds(acts: Sequence[Action], length: int) -> list[Action]:
     """A ``G`` after each update that completes a round of ``length`` micro-batches (the
     update's label is the last micro-batch it holds: the micro-batch under 1F1B, the batch's
-    last under GPipe)."""
+    last under a synchronous schedule)."""
     out: list[Action] = []
     for action in acts:
         out.append(action)

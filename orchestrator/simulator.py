@@ -6,13 +6,14 @@ for its activation, a backward for its gradient (the last stage for its own forw
 forward the activation crosses the link to the next stage's replica for that micro-batch, after
 a backward the gradient crosses back. A link carries one transfer at a time in either direction
 (the cost model's 2x boundary term), taking ``bytes / bandwidth + latency``. Replicas of a
-stage share gradients as the schedule says: under GPipe they all-reduce over one shared channel
-for ``Y`` seconds at each flush; under 1F1B a replica's ``A`` sends its micro-batch's gradient
-(the stage's parameter bytes) to every other replica over their links, and a replica's update
-of a micro-batch it does not own waits for that gradient. Under a Duan-Wu ``beta`` plan a device
-with a split runs forwards and everything else on two lanes at once, each at the speed of its
-share of the device's resources, with the forward gates of :func:`orchestrator.schedule.
-forward_gates` (which weights a forward runs on, and what it waits for).
+stage share gradients as the schedule says: under GPipe and 1F1B-sync they all-reduce over one
+shared channel for ``Y`` seconds at each flush; under asynchronous 1F1B a replica's ``A`` sends
+its micro-batch's gradient (the stage's parameter bytes) to every other replica over their
+links, and a replica's update of a micro-batch it does not own waits for that gradient. Under a
+Duan-Wu ``beta`` plan a device with a split runs forwards and everything else on two lanes at
+once, each at the speed of its share of the device's resources, with the forward gates of
+:func:`orchestrator.schedule.forward_gates` (which weights a forward runs on, and what it
+waits for).
 
 The result holds timeline events in the shared schema and a summary: makespan, throughput,
 busy and idle time per device with the idle broken down
@@ -32,7 +33,7 @@ from typing import Any
 
 from orchestrator.cost import CostModel, split_pass_s
 from orchestrator.events import IdleBreakdown, TimelineEvent, idle_breakdown
-from orchestrator.formats import Plan
+from orchestrator.formats import Plan, synchronous
 from orchestrator.runplan import AggregationGroup, RunPlan
 from orchestrator.schedule import Action, ForwardGate, Schedule, build_schedule
 
@@ -152,7 +153,7 @@ class _Simulation:
 
     def version(self, p: int, m: int) -> int:
         schedule = self.schedules[p]
-        if schedule.name == "gpipe":
+        if synchronous(schedule.name):
             return m // schedule.flush_every
         return self.version_of.get((p, m), 0)
 
@@ -443,8 +444,8 @@ def schedule_for(cm: CostModel, plan: Plan, *, microbatches: int, schedule: str 
 def simulate(cm: CostModel, plan: Plan, *, microbatches: int, schedule: str | None = None,
              flush_every: int | None = None, run: int = 0) -> SimulationResult:
     """Simulate ``microbatches`` micro-batches of ``plan`` under ``schedule`` (default the
-    plan's); GPipe flushes every ``flush_every`` micro-batches (default: the plan's
-    micro-batches per batch)."""
+    plan's); GPipe and 1F1B-sync flush every ``flush_every`` micro-batches (default: the
+    plan's micro-batches per batch)."""
     sched = schedule_for(cm, plan, microbatches=microbatches, schedule=schedule,
                          flush_every=flush_every or plan.microbatches)
     sim = _Simulation(cm, [(plan, sched)], (), run)

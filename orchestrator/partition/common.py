@@ -65,5 +65,5 @@ def staleness_notes(stages: Sequence[Stage], inflight: Sequence[int],
              if len(stage.devices) > 1 and g > inflight[0]]
     return [f"stage {k}'s replicas forward each micro-batch on weights {g} updates old "
             "(asynchronous 1F1B: every replica applies every update, waiting for none): a "
-            "high learning rate may need lowering; under gpipe the replicas train "
-            "synchronously" for k, g in stale]
+            "high learning rate may need lowering; under 1f1b-sync or gpipe the "
+            "replicas train synchronously" for k, g in stale]

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
-from orchestrator.formats import SCHEDULES
+from orchestrator.formats import SCHEDULES, synchronous
 from orchestrator.protocol.fields import (
     MAX_PIPELINES,
     MAX_REPLICAS,
@@ -184,9 +184,10 @@ class StageSpec:
         if not 0 <= self.first_microbatch < self.microbatches:
             raise fail("first_microbatch", f"is not in 0..{self.microbatches - 1}",
                        self.first_microbatch)
-        if self.schedule == "gpipe" and self.first_microbatch % (self.flush_every or 1):
-            raise fail("first_microbatch", "under gpipe a generation resumes at a batch "
-                       f"boundary (a multiple of {self.flush_every})", self.first_microbatch)
+        if synchronous(self.schedule) and self.first_microbatch % (self.flush_every or 1):
+            raise fail("first_microbatch", f"under {self.schedule} a generation resumes at "
+                       f"a batch boundary (a multiple of {self.flush_every})",
+                       self.first_microbatch)
         if self.aggregate_every and self.schedule != "1f1b":
             raise fail("aggregate_every", "weight aggregation is for the asynchronous 1f1b")
         if min(self.generation, self.chain_every, self.global_every, self.aggregate_every) < 0:

@@ -333,3 +333,49 @@ def test_pipelines_sharing_a_device_average_their_stages_each_round() -> None:
     rounds = train_pipelines(microbatches=12, round_every=4)
     assert rounds.results["1/1"].rounds == [3, 7, 11]
     assert same(rounds.weights["0/0"], rounds.weights["1/0"])
+
+
+def most_in_flight(events: Sequence[TimelineEvent], device: str) -> int:
+    """The most micro-batches a device had forwarded and not yet backwarded."""
+    passes = sorted((e.start, e.kind == "backward") for e in events
+                    if e.device == device and e.kind in ("forward", "backward"))
+    held = peak = 0
+    for _, backward in passes:
+        held += -1 if backward else 1
+        peak = max(peak, held)
+    return peak
+
+
+def test_synchronous_1f1b_trains_bit_for_bit_what_gpipe_does() -> None:
+    # the same flushes and the same backward order as GPipe (every micro-batch of a batch on
+    # the same weights, gradients summed in micro-batch order), but 1F1B's order: a stage
+    # holds at most its depth in flight, not the whole batch
+    layers = [(0, 0), (1, 2), (3, 3)]
+    groups = [["a"], ["b"], ["c"]]
+    sync = train(layers, groups, schedule="1f1b-sync", microbatches=24, flush_every=8)
+    gpipe = train(layers, groups, schedule="gpipe", microbatches=24, flush_every=8)
+    assert sync.losses == gpipe.losses
+    for device in ("a", "b", "c"):
+        assert same(sync.weights[device], gpipe.weights[device])
+        assert sync.results[device].updates == gpipe.results[device].updates == 3
+        # every micro-batch of batch b forwarded on version b, as GPipe does
+        assert sync.results[device].versions == {m: m // 8 for m in range(24)}
+    assert [most_in_flight(sync.events, d) for d in ("a", "b", "c")] == [3, 2, 1]
+    assert most_in_flight(gpipe.events, "a") == 8
+
+
+def test_synchronous_1f1b_replicas_and_two_lanes() -> None:
+    # replicas all-reduce at each flush as under GPipe; a device on two lanes forwards beside
+    # a backward of its batch, on the same weights: both train what one device on one lane does
+    layers = [(0, 1), (2, 3)]
+    one = train(layers, [["a"], ["b"]], schedule="1f1b-sync", microbatches=24, flush_every=6)
+    replicated = train(layers, [["a1", "a2"], ["b"]], schedule="1f1b-sync", microbatches=24,
+                       flush_every=6)
+    for replica in ("a1", "a2"):
+        for x, y in zip(replicated.weights[replica], one.weights["a"], strict=True):
+            torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
+    lanes = train(layers, [["a"], ["b"]], schedule="1f1b-sync", microbatches=24,
+                  flush_every=6, two_lanes=("a", "b"))
+    for device in ("a", "b"):
+        assert same(lanes.weights[device], one.weights[device])
+        assert lanes.results[device].versions == one.results[device].versions

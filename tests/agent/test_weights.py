@@ -184,10 +184,11 @@ def test_a_stage_resumed_under_momentum_without_its_buffers_is_refused() -> None
         plane.close()
 
 
-def test_a_resume_point_off_a_batch_boundary_is_refused_under_gpipe() -> None:
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b-sync"])
+def test_a_resume_point_off_a_batch_boundary_is_refused_when_synchronous(schedule) -> None:
     with pytest.raises(ProtocolError, match="batch boundary"):
         StageSpec(run=1, device="d0", stage=0, layers=(0, 3), model="mlp", dataset="digits",
-                  batch_size=32, schedule="gpipe", stage_devices=(("d0",),),
+                  batch_size=32, schedule=schedule, stage_devices=(("d0",),),
                   stage_times_s=((1.0,),), microbatches=16, flush_every=4,
                   first_microbatch=6)
 

@@ -203,7 +203,7 @@ def test_plan_round_trip_and_beta_validation(tmp_path: Path) -> None:
             parse_plan(dict(doc, beta=beta), profile=profile, devices=devices)
     with pytest.raises(FormatError, match="has 1 entries for 2 stages"):
         parse_plan(dict(doc, inflight=[1]), profile=profile, devices=devices)
-    with pytest.raises(FormatError, match="schedule: must be one of 1f1b, gpipe"):
+    with pytest.raises(FormatError, match="schedule: must be one of 1f1b, 1f1b-sync, gpipe"):
         parse_plan(dict(doc, schedule="zb"), profile=profile, devices=devices)
 
 

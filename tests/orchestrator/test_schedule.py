@@ -26,7 +26,7 @@ def test_action_string_round_trip() -> None:
         Action(0, "X", 0)
 
 
-@given(st.integers(1, 6), st.integers(1, 40), st.sampled_from(["1f1b", "gpipe"]))
+@given(st.integers(1, 6), st.integers(1, 40), st.sampled_from(["1f1b", "1f1b-sync", "gpipe"]))
 def test_every_microbatch_once_per_stage_in_a_runnable_order(stages: int, microbatches: int,
                                                              name: str) -> None:
     sched = build_schedule(name=name, stage_devices=[[f"d{k}"] for k in range(stages)],
@@ -47,6 +47,19 @@ def test_every_microbatch_once_per_stage_in_a_runnable_order(stages: int, microb
                 peak = max(peak, in_flight)
             assert peak == min(stages - k, microbatches)  # PipeDream's S - k stash depth
             assert sum(a.kind == "U" for a in acts) == microbatches  # update after each backward
+        else:  # one update per batch, after its every backward (the flush)
+            flush = max(1, microbatches // 3)
+            updates = [i for i, a in enumerate(acts) if a.kind == "U"]
+            assert len(updates) == -(-microbatches // flush)
+            for m in range(microbatches):
+                assert position[("B", m)] < updates[m // flush]
+                assert m < flush or position[("F", m)] > updates[m // flush - 1]
+        if name == "1f1b-sync":  # 1F1B's depth within each batch
+            in_flight = peak = 0
+            for a in acts:
+                in_flight += {"F": 1, "B": -1}.get(a.kind, 0)
+                peak = max(peak, in_flight)
+            assert peak == min(stages - k, flush)
 
 
 def test_gpipe_flushes_and_replicas_all_reduce() -> None:
@@ -57,6 +70,26 @@ def test_gpipe_flushes_and_replicas_all_reduce() -> None:
     for device in ("b", "c"):
         kinds = [a.kind for a in sched.actions[device]]
         assert kinds.count("A") == 2 and kinds.count("U") == 2
+
+
+def test_synchronous_1f1b_is_1f1b_order_with_a_flush_per_batch() -> None:
+    sched = build_schedule(name="1f1b-sync", stage_devices=[["a"], ["b"], ["c"]],
+                           stage_times_s=[[1.0]] * 3, microbatches=8, flush_every=4)
+    # torch's Schedule1F1B order on stage 0 of 3 (Megatron's PipeDream-flush)
+    assert " ".join(map(str, sched.actions["a"])) == (
+        "0F0 0F1 0F2 0B0 0F3 0B1 0B2 0B3 0U3 0F4 0F5 0F6 0B4 0F7 0B5 0B6 0B7 0U7")
+    assert " ".join(map(str, sched.actions["c"][:9])) == "2F0 2B0 2F1 2B1 2F2 2B2 2F3 2B3 2U3"
+    replicated = build_schedule(name="1f1b-sync", stage_devices=[["a", "b"], ["c"]],
+                                stage_times_s=[[1.0, 1.0], [1.0]], microbatches=4)
+    # a replica keeps the span of the pipeline one device would (depth 2: micro-batches 1
+    # and 2, not its own 1 and 3)
+    assert " ".join(map(str, replicated.actions["b"])) == "0F1 0B1 0F3 0B3 0A3 0U3"
+    # two lanes: a forward runs beside the backward before it within a batch, on the batch's
+    # weights; the first forward after a flush waits for its update
+    gates = forward_gates(sched.actions["a"], name="1f1b-sync", two_lanes=True)
+    assert gates[4] == ForwardGate(started=1, finished=0, updates=0)  # 0F3 beside 0B0
+    assert gates[9] == ForwardGate(started=5, finished=5, updates=1)  # 0F4 after 0U3
+    assert gates[13] == ForwardGate(started=6, finished=5, updates=1)  # 0F7 beside 0B4
 
 
 def test_replicas_share_microbatches_by_speed() -> None:

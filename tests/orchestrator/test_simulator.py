@@ -7,7 +7,7 @@ import math
 import random
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from orchestrator.cost import CostModel, build_cost_model, needed_inflight
@@ -43,6 +43,23 @@ def test_gpipe_bubble_fraction_on_a_uniform_pipeline(stages: int, microbatches: 
         assert summary.downstream_s == pytest.approx(0, abs=1e-9)
 
 
+@given(st.integers(1, 6), st.integers(1, 12), st.floats(0.1, 2.0), st.floats(0.1, 2.0))
+def test_synchronous_1f1b_flushes_as_gpipe_does(stages: int, microbatches: int, f: float,
+                                                b: float) -> None:
+    # on uniform stages PipeDream-flush's bubble is GPipe's, (S - 1) / (M + S - 1) a batch,
+    # with S - k micro-batches in flight instead of M
+    cm, plan = uniform_pipeline(stages, f, b)
+    result = simulate(cm, plan, microbatches=2 * microbatches, schedule="1f1b-sync",
+                      flush_every=microbatches)
+    assert result.makespan_s == pytest.approx(2 * (microbatches + stages - 1) * (f + b))
+    assert result.bubble_fraction == pytest.approx(
+        (stages - 1) / (microbatches + stages - 1), rel=1e-9, abs=1e-12)
+    versions = {(e.stage, e.microbatch): e.version for e in result.events
+                if e.kind == "forward"}
+    assert versions == {(k, m): m // microbatches for k in range(stages)
+                        for m in range(2 * microbatches)}
+
+
 @given(instances(max_layers=10, max_devices=4))
 def test_1f1b_approaches_the_predicted_throughput_from_below(cm: CostModel) -> None:
     try:
@@ -73,8 +90,8 @@ def test_1f1b_reaches_the_period_on_the_shared_testbed() -> None:
 
 
 @given(instances(max_layers=8, max_devices=5, memory_pressure=False),
-       st.sampled_from(["1f1b", "gpipe"]), st.sampled_from(["pipedream", "bsp", "duanwu",
-                                                            "optimal", "uniform"]))
+       st.sampled_from(["1f1b", "1f1b-sync", "gpipe"]),
+       st.sampled_from(["pipedream", "bsp", "duanwu", "optimal", "uniform"]))
 def test_each_microbatch_forward_and_backward_once_per_stage(cm: CostModel, schedule: str,
                                                               algorithm: str) -> None:
     plan = run_planner(cm, algorithm, microbatches=3)
@@ -182,9 +199,12 @@ def test_steady_throughput_leaves_out_fill_and_drain() -> None:
 
 
 @given(st.lists(st.integers(1, 3), min_size=1, max_size=4), st.integers(1, 24),
-       st.sampled_from(["1f1b", "gpipe"]), st.integers(0, 2), st.integers(0, 3),
+       st.sampled_from(["1f1b", "1f1b-sync", "gpipe"]), st.integers(0, 2), st.integers(0, 3),
        st.lists(st.booleans(), min_size=12, max_size=12),
        st.lists(st.floats(0.2, 5.0), min_size=12, max_size=12))
+# a replica of synchronous 1F1B whose warm-up counted its own micro-batches (two of them, 4
+# and 7) forwarded 7 before 4's backward, which the stage before waited for: a deadlock
+@example([1, 1, 2, 1], 12, "1f1b-sync", 0, 0, [False] * 12, [1.0, 1.0, 1.0, 2.0] + [1.0] * 8)
 def test_any_grouping_and_lanes_run_to_the_end(groups: list[int], microbatches: int,
                                                schedule: str, extra_inflight: int,
                                                extra_lag: int, lanes: list[bool],

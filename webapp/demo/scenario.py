@@ -34,7 +34,7 @@ from django.utils.dateparse import parse_datetime
 from webapp.demo.client import ApiClient, DemoError, wait_for
 from webapp.demo.processes import ProcessGroup
 from webapp.devices import services as device_services
-from webapp.runs.models import AGGREGATE_EVERY_MAX, MOMENTUM_MAX, Run
+from webapp.runs.models import AGGREGATE_EVERY_MAX, LR_MAX, MOMENTUM_MAX, Run
 from webapp.runs.selectors import run_summary
 
 FINAL_STATES = (Run.State.FINISHED, Run.State.FAILED, Run.State.CANCELLED)
@@ -228,19 +228,21 @@ class LocalTestbed:
              algorithms: Sequence[str], schedule: str, microbatches: int,
              batches: int, repartition_every: int | None = None,
              chain_every: int | None = None, global_every: int | None = None,
-             momentum: float | None = None, vertical_sync: bool | None = None,
+             lr: float | None = None, momentum: float | None = None,
+             vertical_sync: bool | None = None,
              aggregate_every: int | None = None) -> dict[str, Any]:
         """Create a run and plan it with every algorithm; returns the plans' comparison.
         ``repartition_every``, ``chain_every`` and ``global_every`` (batches; 0: off),
-        ``momentum`` (SGD's), ``vertical_sync`` and ``aggregate_every`` (1F1B's) override the
-        run's defaults."""
+        ``lr`` and ``momentum`` (SGD's), ``vertical_sync`` and ``aggregate_every`` (1F1B's)
+        override the run's defaults."""
         payload: dict[str, Any] = {
             "name": name, "model_spec": spec, "devices": [d["id"] for d in devices],
             "algorithms": list(algorithms), "schedule": schedule,
             "microbatches": microbatches, "batches": batches, "epochs": 1}
         for setting, value in (("repartition_every", repartition_every),
                                ("chain_every", chain_every), ("global_every", global_every),
-                               ("momentum", momentum), ("vertical_sync", vertical_sync),
+                               ("lr", lr), ("momentum", momentum),
+                               ("vertical_sync", vertical_sync),
                                ("aggregate_every", aggregate_every)):
             if value is not None:
                 payload[setting] = value
@@ -392,6 +394,7 @@ class DemoOptions:
     slow_agent_at: float | None = None  # seconds into the run: slow an agent down (heat)
     slow_agent: str = ""  # which (default: the device of the plan's middle stage)
     slow_to: float = 20.0  # how many times slower than this machine
+    lr: float | None = None  # SGD learning rate of the run (None: the run's default, 0.1)
     momentum: float | None = None  # SGD momentum of the run (None: the run's default, 0)
     vertical_sync: bool | None = None  # 1F1B's vertical sync (None: the run's default, on)
     aggregate_every: int | None = None  # 1F1B's weight aggregation (None: the default, 0: off)
@@ -415,13 +418,16 @@ def run_demo(options: DemoOptions, *, say: Callable[[str], None] = print
         raise DemoError("--slow-agent: say when with --slow-agent-at SECONDS")
     if not 1 <= o.slow_to <= 1000:
         raise DemoError(f"--slow-to must be from 1 to 1000, got {o.slow_to:g}")
+    if o.lr is not None and not 0 < o.lr <= LR_MAX:
+        raise DemoError(f"--lr must be above 0 and at most {LR_MAX:g}, got {o.lr:g}")
     if o.momentum is not None and not 0 <= o.momentum <= MOMENTUM_MAX:
         raise DemoError(f"--momentum must be from 0 to {MOMENTUM_MAX}, got {o.momentum:g}")
     if o.aggregate_every is not None and not 0 <= o.aggregate_every <= AGGREGATE_EVERY_MAX:
         raise DemoError(f"--aggregate-every must be from 0 to {AGGREGATE_EVERY_MAX}, got "
                         f"{o.aggregate_every}")
     if o.aggregate_every and o.schedule != "1f1b":
-        raise DemoError(f"--aggregate-every is for --schedule 1f1b, not {o.schedule}")
+        raise DemoError(f"--aggregate-every is for --schedule 1f1b (asynchronous), not "
+                        f"{o.schedule}")
     with LocalTestbed(agents=o.agents, host=o.host, port=o.port, say=say) as testbed:
         say(f"EdgePipe demo on {testbed.url}/ (log in as {testbed.username} / "
             f"{testbed.password})")
@@ -437,7 +443,7 @@ def run_demo(options: DemoOptions, *, say: Callable[[str], None] = print
             spec, devices=testbed.devices, algorithms=algorithms, schedule=o.schedule,
             name=f"demo: {o.model} on {o.dataset} over {len(testbed.devices)} devices",
             microbatches=o.microbatches, batches=o.batches,
-            repartition_every=o.repartition_every, momentum=o.momentum,
+            repartition_every=o.repartition_every, lr=o.lr, momentum=o.momentum,
             vertical_sync=o.vertical_sync, aggregate_every=o.aggregate_every)
         say(f"  {compared['reason']}")
         row = chosen_plan(compared, o.plan)

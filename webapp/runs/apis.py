@@ -96,13 +96,14 @@ class RunListCreateApi(APIView):
             required=False, default=RUN_DEFAULTS["vertical_sync"],
             help_text="1F1B: every stage forwards and backwards micro-batch m with the weight "
                       "version stage 0 used for it (PipeDream's vertical sync); ignored under "
-                      "gpipe, which has no stale weights")
+                      "gpipe and 1f1b-sync, which flush every batch and have no stale weights")
         aggregate_every = fields.IntegerField(
             min_value=0, max_value=AGGREGATE_EVERY_MAX, required=False,
             default=RUN_DEFAULTS["aggregate_every"],
             help_text="1F1B: every aggregate_every x its in-flight depth D updates, each stage "
                       "replaces its weights by the average of its last D weight versions "
-                      "(FTPipeHD's weight aggregation); 0 = off, and must be 0 under gpipe")
+                      "(FTPipeHD's weight aggregation); 0 = off, and must be 0 under gpipe and "
+                      "1f1b-sync")
 
     @extend_schema(parameters=[RunFilter], responses=RunOutput(many=True))
     def get(self, request: Request) -> Response:

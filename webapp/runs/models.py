@@ -29,7 +29,7 @@ class Run(models.Model):
     model_spec = models.ForeignKey(ModelSpec, on_delete=models.PROTECT, related_name="runs")
     devices = models.ManyToManyField(Device, through="RunDevice", related_name="runs")
     algorithms = models.JSONField(help_text="planner names (orchestrator.partition.PLANNERS)")
-    schedule = models.CharField(max_length=8, choices=[(s, s) for s in SCHEDULES],
+    schedule = models.CharField(max_length=16, choices=[(s, s) for s in SCHEDULES],
                                 default="1f1b")
     microbatches = models.PositiveIntegerField(default=8)
     batches = models.PositiveIntegerField(default=100, help_text="batches per epoch")
@@ -37,16 +37,17 @@ class Run(models.Model):
     lr = models.FloatField(default=0.1, help_text="SGD learning rate of every stage")
     momentum = models.FloatField(default=0.0, help_text="SGD momentum (high momentum on the "
                                                         "stale gradients of 1F1B hurts)")
-    # against 1F1B's stale weights (FTPipeHD, docs/architecture.md "Run settings"); GPipe
-    # flushes every batch, so it has none
+    # against asynchronous 1F1B's stale weights (FTPipeHD, docs/architecture.md "Run
+    # settings"); the synchronous schedules (gpipe, 1f1b-sync) flush every batch, so have none
     vertical_sync = models.BooleanField(
         default=True, help_text="1F1B: every stage forwards and backwards micro-batch m with "
                                 "the weight version stage 0 used for it (vertical sync); "
-                                "ignored under gpipe")
+                                "ignored under the synchronous gpipe and 1f1b-sync")
     aggregate_every = models.PositiveIntegerField(
         default=0, help_text="1F1B: every aggregate_every x its in-flight depth D updates, a "
                              "stage replaces its weights by the average of its last D weight "
-                             "versions (weight aggregation); 0 = off, and 0 under gpipe")
+                             "versions (weight aggregation); 0 = off, and 0 under gpipe "
+                             "and 1f1b-sync")
     state = models.CharField(max_length=16, choices=RunState.choices, default=RunState.DRAFT)
     error = models.TextField(blank=True)
     chosen_plan = models.ForeignKey("Plan", null=True, blank=True, on_delete=models.SET_NULL,

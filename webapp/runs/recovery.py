@@ -38,7 +38,7 @@ from django.db import close_old_connections, transaction
 from orchestrator.capacity import apply_capacities, capacity_ratios, stage_seconds
 from orchestrator.cost import CostModel, build_cost_model
 from orchestrator.errors import FormatError, PlanningError
-from orchestrator.formats import DeviceSet, ModelProfile, parse_plan
+from orchestrator.formats import DeviceSet, ModelProfile, parse_plan, synchronous
 from orchestrator.formats import Plan as PlanDocument
 from orchestrator.partition import LEARNED, run_planner
 from orchestrator.recovery import (
@@ -330,7 +330,7 @@ def _replan(run: Run) -> Run:
                     run, cm, old, lost, holdings, profile, (plan, restore, algorithm))
     except (PlanningError, FormatError, ValueError, KeyError) as exc:
         return _fail(run, f"recovery {generation} failed: {exc}")
-    if run.schedule == "gpipe" and restore.resume % run.microbatches:
+    if synchronous(run.schedule) and restore.resume % run.microbatches:
         return _fail(run, f"recovery {generation} failed: resume point {restore.resume} is "
                           "not at a batch boundary")
     if restore.resume >= run.total_microbatches:

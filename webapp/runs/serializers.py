@@ -36,7 +36,7 @@ class RunOutput(serializers.Serializer):
     momentum = serializers.FloatField(help_text="SGD momentum of every stage")
     vertical_sync = serializers.BooleanField(
         help_text="1F1B: every stage uses the weight version stage 0 used for the micro-batch; "
-                  "ignored under gpipe")
+                  "ignored under the synchronous gpipe and 1f1b-sync")
     aggregate_every = serializers.IntegerField(
         help_text="1F1B: weight aggregation every this many in-flight windows; 0 = off")
     generation = serializers.IntegerField(

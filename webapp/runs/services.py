@@ -85,7 +85,8 @@ def run_create(*, name: str, model_spec: ModelSpec, devices: Sequence[Device],
     takes the Run model's default (RUN_DEFAULTS). ``chain_every``, ``global_every``
     (replication) and ``repartition_every`` count batches, 0 turning each off;
     ``repartition_after``, ``lr`` and ``momentum`` (every stage's SGD), ``vertical_sync`` and
-    ``aggregate_every`` (1F1B's: kept but ignored under gpipe, and 0 there) are checked here
+    ``aggregate_every`` (asynchronous 1F1B's: kept but ignored under
+    gpipe and 1f1b-sync, and 0 there) are checked here
     too since services are called without the API's validation (the run form, benches)."""
     if not devices:
         raise InvalidInput("devices", "must name at least one device")
@@ -117,7 +118,8 @@ def run_create(*, name: str, model_spec: ModelSpec, devices: Sequence[Device],
                                               f"{AGGREGATE_EVERY_MAX} (in-flight windows)")
     if aggregate_every and schedule != "1f1b":
         raise InvalidInput("aggregate_every", f"must be 0 under {schedule}: weight aggregation "
-                                              "is for 1f1b's stale weight versions")
+                                              "is for the stale weight versions of "
+                                              "asynchronous 1f1b")
     run = Run.objects.create(name=name, model_spec=model_spec,
                              algorithms=_check_algorithms(algorithms), schedule=schedule,
                              microbatches=microbatches, batches=batches, epochs=epochs,

@@ -135,7 +135,11 @@ def test_the_kill_flags_help_says_which_agent_by_default():
     ({"aggregate_every": -1}, "--aggregate-every must be from 0 to 1000, got -1"),
     ({"aggregate_every": 1001}, "--aggregate-every must be from 0 to 1000, got 1001"),
     ({"aggregate_every": 2, "schedule": "gpipe"},
-     "--aggregate-every is for --schedule 1f1b, not gpipe"),
+     "--aggregate-every is for --schedule 1f1b (asynchronous), not gpipe"),
+    ({"aggregate_every": 2, "schedule": "1f1b-sync"},
+     "--aggregate-every is for --schedule 1f1b (asynchronous), not 1f1b-sync"),
+    ({"lr": 0.0}, "--lr must be above 0 and at most 100, got 0"),
+    ({"lr": 101.0}, "--lr must be above 0 and at most 100, got 101"),
     ({"kill_agents": ("demo-fast",)}, "--kill-agent: say when with --kill-agent-at SECONDS"),
 ])
 def test_bad_demo_options_are_refused_before_anything_starts(changes, message):
@@ -148,9 +152,11 @@ def test_bad_demo_options_are_refused_before_anything_starts(changes, message):
     (["--no-vertical-sync"], (False, None)),
     (["--aggregate-every", "3"], (None, 3)),
     (["--no-vertical-sync", "--aggregate-every", "0"], (False, 0)),
+    (["--schedule", "1f1b-sync", "--lr", "0.5"], (None, None)),
 ])
 def test_the_demo_passes_vertical_sync_and_weight_aggregation_to_its_run(monkeypatch, args,
                                                                          chosen):
+    """And --lr, --schedule 1f1b-sync: argparse takes them."""
     taken: list[DemoOptions] = []
     monkeypatch.setattr("webapp.demo.management.commands.demo.run_demo",
                         lambda options, say: taken.append(options))
@@ -184,6 +190,7 @@ class RecordingApi:
     ({}, {}),
     ({"vertical_sync": False, "aggregate_every": 5},
      {"vertical_sync": False, "aggregate_every": 5}),
+    ({"lr": 0.5}, {"lr": 0.5}),
 ])
 def test_the_testbed_creates_its_run_with_the_settings_it_is_given(group, settings, sent):
     api = RecordingApi()
@@ -194,7 +201,8 @@ def test_the_testbed_creates_its_run_with_the_settings_it_is_given(group, settin
                         schedule="1f1b", microbatches=4, batches=10, **settings)
     assert compared["run"] == 7
     created = dict(api.posted)["/api/runs/"]
-    assert {k: created[k] for k in ("vertical_sync", "aggregate_every") if k in created} == sent
+    assert {k: created[k] for k in ("vertical_sync", "aggregate_every", "lr")
+            if k in created} == sent
 
 
 def test_the_demo_creates_its_run_with_the_options_settings(monkeypatch):
@@ -227,6 +235,7 @@ def test_the_demo_creates_its_run_with_the_options_settings(monkeypatch):
 
     monkeypatch.setattr("webapp.demo.scenario.LocalTestbed", Bed)
     with pytest.raises(Planned):
-        run_demo(DemoOptions(vertical_sync=False, aggregate_every=6, momentum=0.5),
+        run_demo(DemoOptions(vertical_sync=False, aggregate_every=6, momentum=0.5, lr=0.3),
                  say=lambda line: None)
-    assert (asked["vertical_sync"], asked["aggregate_every"], asked["momentum"]) == (False, 6, 0.5)
+    assert ((asked["vertical_sync"], asked["aggregate_every"], asked["momentum"], asked["lr"])
+            == (False, 6, 0.5, 0.3))

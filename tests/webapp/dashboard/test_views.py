@@ -203,10 +203,24 @@ def test_the_form_sets_vertical_sync_and_weight_aggregation(browser: Client, pro
     assert shown in browser.get(answer["Location"]).content.decode()  # the run page says so
 
 
-def test_a_gpipe_run_page_shows_neither_vertical_sync_nor_aggregation(browser: Client):
-    run = RunFactory(schedule="gpipe", vertical_sync=True)
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b-sync"])
+def test_a_synchronous_run_page_shows_neither_vertical_sync_nor_aggregation(
+        browser: Client, schedule):
+    run = RunFactory(schedule=schedule, vertical_sync=True)
     html = browser.get(f"/runs/{run.pk}/").content.decode()
-    assert f"{run.model_spec} · gpipe · " in html and "vertical sync" not in html
+    assert f"{run.model_spec} · {schedule} · " in html and "vertical sync" not in html
+
+
+def test_the_run_form_makes_a_synchronous_1f1b_run(browser: Client, profiled):
+    spec, devices = profiled
+    page = browser.get("/runs/new/").content.decode()
+    assert re.findall(r'name="schedule" value="([\w-]+)"', page) == ["1f1b", "1f1b-sync", "gpipe"]
+    answer = browser.post("/runs/new/", run_form(spec, devices, schedule="1f1b-sync"))
+    assert answer.status_code == 302
+    assert Run.objects.get().schedule == "1f1b-sync"
+    refused = browser.post("/runs/new/", run_form(spec, devices, schedule="1f1b-sync",
+                                                  batches="0")).content.decode()
+    assert re.findall(r'name="schedule" value="([\w-]+)" checked', refused) == ["1f1b-sync"]
 
 
 @pytest.mark.parametrize("ticked", [True, False])
@@ -227,7 +241,8 @@ def test_weight_aggregation_under_gpipe_is_refused_next_to_its_field(browser: Cl
                                                vertical_sync=["off"],
                                                aggregate_every="2")).content.decode()
     assert field_errors(page, "aggregate_every") == [
-        "must be 0 under gpipe: weight aggregation is for 1f1b's stale weight versions"]
+        "must be 0 under gpipe: weight aggregation is for the stale weight versions of "
+        "asynchronous 1f1b"]
     assert not Run.objects.exists()
     assert not vertical_sync_ticked(page) and 'name="aggregate_every" value="2"' in page
     assert re.findall(r'name="schedule" value="(\w+)" checked', page) == ["gpipe"]

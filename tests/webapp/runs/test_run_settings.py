@@ -133,24 +133,26 @@ def test_a_run_keeps_its_vertical_sync_and_weight_aggregation(api):
     assert (shown["vertical_sync"], shown["aggregate_every"]) == (False, 1000)
 
 
-def test_gpipe_takes_vertical_sync_but_refuses_weight_aggregation(api):
-    """GPipe has no stale weights: vertical sync is kept (and ignored), a positive
-    aggregate_every is a 400 naming it, and no run is made."""
-    refused = api.post("/api/runs/", body(schedule="gpipe", aggregate_every=2), format="json")
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b-sync"])
+def test_a_synchronous_schedule_takes_vertical_sync_but_refuses_aggregation(api, schedule):
+    """GPipe and synchronous 1F1B have no stale weights: vertical sync is kept (and ignored),
+    a positive aggregate_every is a 400 naming it, and no run is made."""
+    refused = api.post("/api/runs/", body(schedule=schedule, aggregate_every=2), format="json")
     assert refused.status_code == 400
     assert refused.json()["errors"] == [{
         "field": "aggregate_every",
-        "reason": "must be 0 under gpipe: weight aggregation is for 1f1b's stale weight "
-                  "versions"}]
+        "reason": f"must be 0 under {schedule}: weight aggregation is for the stale weight "
+                  "versions of asynchronous 1f1b"}]
     assert not Run.objects.exists()
     for flag in (True, False):
-        created = api.post("/api/runs/", body(schedule="gpipe", vertical_sync=flag,
+        created = api.post("/api/runs/", body(schedule=schedule, vertical_sync=flag,
                                               aggregate_every=0), format="json")
         assert created.status_code == 201, created.json()
+        assert created.json()["schedule"] == schedule
         assert (created.json()["vertical_sync"], created.json()["aggregate_every"]) == (flag, 0)
     with pytest.raises(InvalidInput) as caught:
         services.run_create(name="r", model_spec=ModelSpecFactory(), devices=[DeviceFactory()],
-                            algorithms=["bsp"], schedule="gpipe", aggregate_every=1)
+                            algorithms=["bsp"], schedule=schedule, aggregate_every=1)
     assert caught.value.errors[0].field == "aggregate_every"
 
 
@@ -172,6 +174,7 @@ def planned(**settings: object) -> tuple[Run, Plan]:
     ({"schedule": "1f1b", "vertical_sync": True, "aggregate_every": 3}, (True, 3)),
     ({"schedule": "1f1b", "vertical_sync": False, "aggregate_every": 1}, (False, 1)),
     ({"schedule": "gpipe", "vertical_sync": True}, (False, 0)),  # no stale weights to sync
+    ({"schedule": "1f1b-sync", "vertical_sync": True}, (False, 0)),
 ])
 def test_every_stage_spec_carries_the_runs_vertical_sync_and_aggregation(settings, sent):
     run, plan = planned(**settings)

@@ -81,8 +81,8 @@ def label(key: str) -> str:
 @register.filter
 def schedule(run: Any) -> str:
     """A run's schedule with what it does against stale weights: ``1f1b, vertical sync,
-    weight aggregation every 4 in-flight windows``; ``gpipe`` alone (it has no stale
-    weights, so neither setting applies)."""
+    weight aggregation every 4 in-flight windows``; ``gpipe`` or ``1f1b-sync`` alone (they
+    flush every batch and have no stale weights, so neither setting applies)."""
     if run.schedule != "1f1b":
         return str(run.schedule)
     parts = [run.schedule, "vertical sync" if run.vertical_sync else "no vertical sync"]

@@ -10,6 +10,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from orchestrator.formats import SCHEDULES
 from webapp.demo.client import DemoError
 from webapp.demo.scenario import DEFAULT_ALGORITHMS, DemoOptions, run_demo
 
@@ -30,7 +31,7 @@ class Command(BaseCommand):
                             help="micro-batches per batch (default 8)")
         parser.add_argument("--batches", type=int, default=100,
                             help="batches to train (default 100)")
-        parser.add_argument("--schedule", choices=["1f1b", "gpipe"], default="1f1b")
+        parser.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
         parser.add_argument("--algorithms", default=",".join(DEFAULT_ALGORITHMS),
                             help="planners to compare (comma-separated)")
         parser.add_argument("--plan", default="ftpipehd",
@@ -67,6 +68,9 @@ class Command(BaseCommand):
                                  "the middle stage of the chosen plan)")
         parser.add_argument("--slow-to", type=float, default=20.0, metavar="X",
                             help="how many times slower than this machine (default 20)")
+        parser.add_argument("--lr", type=float, default=None, metavar="LR",
+                            help="SGD learning rate of the run, above 0 and at most 100 "
+                                 "(default 0.1)")
         parser.add_argument("--momentum", type=float, default=None, metavar="M",
                             help="SGD momentum of the run, from 0 to 0.999 (default 0); its "
                                  "buffers are replicated and restored with the weights")
@@ -94,7 +98,7 @@ class Command(BaseCommand):
             plan=options["plan"], headless=options["headless"],
             repartition_every=options["repartition_every"],
             slow_agent_at=options["slow_agent_at"], slow_agent=options["slow_agent"],
-            slow_to=options["slow_to"], momentum=options["momentum"],
+            slow_to=options["slow_to"], lr=options["lr"], momentum=options["momentum"],
             vertical_sync=options["vertical_sync"], aggregate_every=options["aggregate_every"],
             kill_agent_at=options["kill_agent_at"],
             pause_at=options["pause_at"], pause_for=options["pause_for"],
