@@ -1,0 +1,248 @@
+"""EdgePipe's agents against PyTorch's own pipeline runtime, on the same model, cuts and data.
+
+    .venv/bin/python bench/peer.py [--models mlp,vgg5] [--stages 2,3]
+                                   [--schedules 1f1b-sync,gpipe,1f1b] [--pairs 3]
+                                   [--batches N]
+
+Starts the web server, a Celery worker and three agents on this machine (none slowed down, one
+torch thread each), profiles each model on digits, then for every configuration (model x stage
+count x schedule) runs ``--pairs`` pairs, alternating which side goes first: EdgePipe trains a
+run of the ``uniform`` plan over the first S agents (equal layer counts, in order), and
+``torch.distributed.pipelining`` trains the same cuts (bench/torchpipe.py: PipelineStage over
+the zoo's stage modules, Schedule1F1B for ``1f1b-sync`` and ``ScheduleGPipe`` for ``gpipe``,
+gloo on 127.0.0.1, one process per stage, one torch thread each). Both train batches of 8
+micro-batches of 32 with plain SGD at the same learning rate, on the same micro-batches.
+EdgePipe's asynchronous ``1f1b`` (PipeDream/FTPipeHD) is reported beside torch's Schedule1F1B,
+which is synchronous.
+
+Reported per configuration, with the spread over pairs: samples/s in the steady state (the
+middle 60% of the last stage's completions) of each side and their ratio (measured side by
+side, pair by pair), CPU per micro-batch of each system (EdgePipe: the web server, the worker
+and the agents, from the run's start to its end; torch: its ranks over their training loops),
+and EdgePipe's web server CPU per 1,000 timeline events per second. Prints a table and, last,
+one JSON line. Runs on the embedded default, in a fresh var directory whose path it prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.testbed import free_port, setup_django  # noqa: E402  (the path above makes them importable)
+from bench.torchpipe import TORCH_SCHEDULES, TorchRun, steady_sps, train_torch  # noqa: E402
+
+SCHEDULES = ("1f1b-sync", "gpipe", "1f1b")
+TORCH_FOR = {"1f1b-sync": "1f1b-sync", "gpipe": "gpipe", "1f1b": "1f1b-sync"}
+DEFAULT_BATCHES = {"mlp": 150, "vgg5": 100}
+MICROBATCHES, BATCH_SIZE, LR = 8, 32, 0.05
+
+
+def group_cpu_s(pgids: Mapping[str, int]) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by every live process of each process group
+    (the testbed starts each child as a group leader, so a group is a child and everything it
+    started: Celery's pool process, daphne's threads)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    by_group = {pgid: name for name, pgid in pgids.items()}
+    used = dict.fromkeys(pgids, 0.0)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # it exited meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        name = by_group.get(int(fields[2]))
+        if name is not None:
+            used[name] += (int(fields[11]) + int(fields[12])) / tick
+    return used
+
+
+@dataclass(frozen=True)
+class Config:
+    model: str
+    stages: int
+    schedule: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} {self.stages} stages {self.schedule}"
+
+
+def train_edgepipe(testbed: Any, spec: int, config: Config, *, batches: int
+                   ) -> dict[str, Any]:
+    """One EdgePipe run of the uniform plan over the testbed's first ``config.stages`` agents:
+    its cuts, steady samples/s, CPU seconds per process group over the run and event count."""
+    from webapp.demo.scenario import chosen_plan
+    from webapp.runs.models import Plan
+
+    compared = testbed.plan(spec, devices=testbed.devices[:config.stages],
+                            algorithms=["uniform"], schedule=config.schedule,
+                            name=f"peer: {config.label}", microbatches=MICROBATCHES,
+                            batches=batches, chain_every=0, global_every=0,
+                            repartition_every=0, lr=LR)
+    row = chosen_plan(compared, "uniform")
+    document = Plan.objects.get(pk=row["plan"]).document
+    cuts = tuple(tuple(s["layers"]) for s in document["stages"])
+    if len(cuts) != config.stages:
+        raise SystemExit(f"{config.label}: the uniform plan has {len(cuts)} stages")
+    groups = {name: child.process.pid for name, child in testbed.processes.children.items()}
+    before = group_cpu_s(groups)
+    testbed.start(compared["run"], row["plan"])
+    summary: dict[str, Any] = testbed.finish(compared["run"])
+    after = group_cpu_s(groups)
+    if summary["state"] != "finished":
+        raise SystemExit(f"{config.label}: the run ended {summary['state']}: "
+                         f"{summary['error']}")
+    cpu = {name: after[name] - before[name] for name in groups}
+    return {"cuts": cuts, "sps": summary["throughput_steady_sps"], "cpu_s": cpu,
+            "events": summary["events"], "makespan_s": summary["makespan_s"],
+            "loss_first": summary["loss_first"], "loss_last": summary["loss_last"]}
+
+
+def train_peer(config: Config, cuts: Sequence[tuple[int, int]], *, batches: int
+               ) -> dict[str, Any]:
+    run = TorchRun(model=config.model, dataset="digits", cuts=tuple(cuts),
+                   schedule=TORCH_FOR[config.schedule], microbatches=MICROBATCHES,
+                   batch_size=BATCH_SIZE, batches=batches, lr=LR)
+    result = train_torch(run)
+    return {"sps": steady_sps(result.batch_ends_s, MICROBATCHES * BATCH_SIZE),
+            "cpu_s": result.cpu_total_s, "loss_first": result.losses[0],
+            "loss_last": result.losses[-1]}
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+def pair_figures(ours: dict[str, Any], theirs: dict[str, Any], *, microbatches: int
+                 ) -> dict[str, float]:
+    """A pair's side-by-side figures: throughput ratio, CPU ms per micro-batch of each system
+    (EdgePipe's all processes, and its web server alone), web server cores per 1,000 events/s."""
+    ours_cpu = sum(ours["cpu_s"].values())
+    web_cpu = ours["cpu_s"].get("web", 0.0)
+    events_per_s = ours["events"] / ours["makespan_s"] if ours["makespan_s"] else 0.0
+    web_cores = web_cpu / ours["makespan_s"] if ours["makespan_s"] else 0.0
+    return {"ratio": ours["sps"] / theirs["sps"] if theirs["sps"] else 0.0,
+            "edgepipe_sps": ours["sps"], "torch_sps": theirs["sps"],
+            "edgepipe_cpu_ms": 1e3 * ours_cpu / microbatches,
+            "torch_cpu_ms": 1e3 * theirs["cpu_s"] / microbatches,
+            "web_cpu_ms": 1e3 * web_cpu / microbatches,
+            "events_per_s": events_per_s,
+            "web_cores_per_1000_events_s": (1000 * web_cores / events_per_s
+                                            if events_per_s else 0.0)}
+
+
+def run_config(testbed: Any, spec: int, config: Config, *, pairs: int, batches: int,
+               say: Callable[[str], None]) -> dict[str, Any]:
+    figures: list[dict[str, float]] = []
+    cuts: tuple[tuple[int, int], ...] | None = None
+    for k in range(pairs):
+        if cuts is None or k % 2 == 0:  # alternate which side goes first
+            ours = train_edgepipe(testbed, spec, config, batches=batches)
+            theirs = train_peer(config, ours["cuts"], batches=batches)
+        else:
+            theirs = train_peer(config, cuts, batches=batches)
+            ours = train_edgepipe(testbed, spec, config, batches=batches)
+        if cuts is not None and ours["cuts"] != cuts:
+            raise SystemExit(f"{config.label}: the uniform plan changed its cuts from {cuts} "
+                             f"to {ours['cuts']}")
+        cuts = ours["cuts"]
+        pair = pair_figures(ours, theirs, microbatches=batches * MICROBATCHES)
+        figures.append(pair)
+        say(f"  {config.label} pair {k + 1}: EdgePipe {pair['edgepipe_sps']:.0f} sps, torch "
+            f"{pair['torch_sps']:.0f} sps ({pair['ratio']:.2f}x); CPU/micro-batch "
+            f"{pair['edgepipe_cpu_ms']:.2f} vs {pair['torch_cpu_ms']:.2f} ms")
+    return {"model": config.model, "stages": config.stages, "schedule": config.schedule,
+            "torch_schedule": TORCH_SCHEDULES[TORCH_FOR[config.schedule]],
+            "cuts": [list(c) for c in cuts or ()], "pairs": figures,
+            **{key: spread([f[key] for f in figures]) for key in figures[0]}}
+
+
+def table(rows: Sequence[dict[str, Any]]) -> str:
+    header = (f"{'model':5} {'S':>1} {'schedule':9} {'torch':13} {'EdgePipe sps':>12} "
+              f"{'torch sps':>9} {'ratio (min-max)':>16} {'CPU ms/mb EP':>12} "
+              f"{'torch':>6} {'web':>5} {'ev/s':>6} {'web/1k ev/s':>11}")
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        lines.append(
+            f"{r['model']:5} {r['stages']:>1} {r['schedule']:9} {r['torch_schedule']:13} "
+            f"{r['edgepipe_sps']['median']:>12.0f} {r['torch_sps']['median']:>9.0f} "
+            f"{r['ratio']['median']:>5.2f} ({r['ratio']['min']:.2f}-{r['ratio']['max']:.2f})"
+            f" {r['edgepipe_cpu_ms']['median']:>12.2f} {r['torch_cpu_ms']['median']:>6.2f} "
+            f"{r['web_cpu_ms']['median']:>5.2f} {r['events_per_s']['median']:>6.0f} "
+            f"{r['web_cores_per_1000_events_s']['median']:>11.3f}")
+    return "\n".join(lines)
+
+
+def parse_list(text: str, known: Sequence[str], flag: str) -> list[str]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [t for t in items if t not in known]
+    if unknown or not items:
+        raise SystemExit(f"{flag}: {unknown[0] if unknown else 'nothing'} is not one of "
+                         f"{', '.join(known)}")
+    return items
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="mlp,vgg5", help="zoo models (default mlp,vgg5)")
+    parser.add_argument("--stages", default="2,3", help="stage counts (default 2,3)")
+    parser.add_argument("--schedules", default=",".join(SCHEDULES),
+                        help=f"EdgePipe schedules (default {','.join(SCHEDULES)}; 1f1b is "
+                             "compared with torch's Schedule1F1B, which is synchronous)")
+    parser.add_argument("--pairs", type=int, default=3,
+                        help="alternating EdgePipe/torch pairs per configuration (default 3)")
+    parser.add_argument("--batches", type=int, default=None,
+                        help="batches of 8 micro-batches per run (default: mlp "
+                             f"{DEFAULT_BATCHES['mlp']}, vgg5 {DEFAULT_BATCHES['vgg5']})")
+    parser.add_argument("--port", type=int, default=None, help="web server port (default: free)")
+    args = parser.parse_args(argv)
+    models = parse_list(args.models, ("mlp", "vgg5"), "--models")
+    stages = [int(s) for s in parse_list(args.stages, ("2", "3"), "--stages")]
+    schedules = parse_list(args.schedules, SCHEDULES, "--schedules")
+    if args.pairs < 1 or (args.batches is not None and args.batches < 5):
+        raise SystemExit("--pairs must be at least 1 and --batches at least 5")
+    var_dir = tempfile.mkdtemp(prefix="edgepipe-peer-")
+    print(f"state and logs in {var_dir}", file=sys.stderr)
+    setup_django(var_dir)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per poll of the run
+    from webapp.demo.scenario import DemoAgent, LocalTestbed
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr)
+
+    agents = [DemoAgent(f"peer-{k}") for k in range(max(stages))]
+    rows: list[dict[str, Any]] = []
+    started = time.monotonic()
+    with LocalTestbed(agents=agents, port=args.port or free_port(), say=say) as testbed:
+        testbed.measure_links()
+        for model in models:
+            spec = testbed.model_spec(model=model, dataset="digits", batch_size=BATCH_SIZE)
+            batches = args.batches or DEFAULT_BATCHES[model]
+            for count in stages:
+                for schedule in schedules:
+                    rows.append(run_config(testbed, spec, Config(model, count, schedule),
+                                           pairs=args.pairs, batches=batches, say=say))
+    print(table(rows))
+    print(json.dumps({"bench": "peer", "microbatches": MICROBATCHES, "batch_size": BATCH_SIZE,
+                      "lr": LR, "pairs": args.pairs, "wall_s": time.monotonic() - started,
+                      "configs": rows}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""bench/peer.py and its baseline, bench/torchpipe.py: torch's pipeline runtime trains exactly
+the zoo model the agents train (the same cuts, micro-batches and SGD), and the bench's figures
+(CPU of a process group, throughput, ratios) are what they say."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from agent.data import load_dataset
+from agent.zoo import build_model
+from bench.peer import group_cpu_s, main, pair_figures
+from bench.torchpipe import TorchRun, steady_sps, train_torch
+
+BUSY_FOR_HALF_A_CPU_SECOND = """
+import time
+while time.process_time() < 0.5:
+    pass
+time.sleep(60)
+"""
+
+
+def reference_weights(run: TorchRun) -> dict[str, torch.Tensor]:
+    """The whole model trained in one process: each batch's loss is the mean of its
+    micro-batches' mean cross-entropies, then one SGD step."""
+    data = load_dataset(run.dataset, seed=run.seed)
+    model = build_model(run.model, input_shape=data.input_shape, num_classes=data.num_classes,
+                        seed=run.seed).full()
+    optimizer = torch.optim.SGD(model.parameters(), lr=run.lr)
+    for b in range(run.batches):
+        optimizer.zero_grad()
+        losses = []
+        for m in range(b * run.microbatches, (b + 1) * run.microbatches):
+            x, y = data.microbatch(m, run.batch_size, seed=run.seed)
+            losses.append(torch.nn.functional.cross_entropy(model(x), y))
+        torch.stack(losses).mean().backward()
+        optimizer.step()
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["1f1b-sync", "gpipe"])
+def test_torchs_pipeline_trains_the_model_one_process_would(tmp_path: Path, schedule: str):
+    # Execute: two ranks over the MLP's four layers, three batches of four micro-batches
+    run = TorchRun(model="mlp", dataset="digits", cuts=((0, 1), (2, 3)), schedule=schedule,
+                   microbatches=4, batch_size=16, batches=3, lr=0.5)
+    result = train_torch(run, weights_dir=tmp_path)
+
+    # Assert: each rank's layers end where the single-process training ends them (the state
+    # dict's keys are the layer's index within the stage: rank 1's "0." is layer 2)
+    expected = reference_weights(run)
+    for rank, (first, _) in enumerate(run.cuts):
+        trained = load_file(str(tmp_path / f"rank{rank}.safetensors"))
+        assert trained
+        for key, value in trained.items():
+            index, rest = key.split(".", 1)
+            torch.testing.assert_close(value, expected[f"{int(index) + first}.{rest}"],
+                                       rtol=1e-5, atol=1e-6)
+    assert len(result.batch_ends_s) == 3 and len(result.losses) == 3
+    assert list(result.batch_ends_s) == sorted(result.batch_ends_s)
+    assert len(result.cpu_s) == 2 and all(c > 0 for c in result.cpu_s)
+
+
+def test_torch_has_no_asynchronous_1f1b_and_needs_two_stages():
+    with pytest.raises(ValueError, match="no '1f1b' schedule"):
+        train_torch(TorchRun(model="mlp", dataset="digits", cuts=((0, 1), (2, 3)),
+                             schedule="1f1b", microbatches=4, batch_size=8, batches=1, lr=0.1))
+    with pytest.raises(ValueError, match="at least two stages"):
+        train_torch(TorchRun(model="mlp", dataset="digits", cuts=((0, 3),), schedule="gpipe",
+                             microbatches=4, batch_size=8, batches=1, lr=0.1))
+
+
+def test_a_process_groups_cpu_counts_its_busy_process_and_not_an_idle_one():
+    busy = subprocess.Popen([sys.executable, "-c", BUSY_FOR_HALF_A_CPU_SECOND],
+                            process_group=0)
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            process_group=0)
+    try:
+        groups = {"busy": busy.pid, "idle": idle.pid}
+        used = group_cpu_s(groups)
+        deadline_polls = 0
+        while used["busy"] < 0.45 and deadline_polls < 600:  # up to a minute on a loaded box
+            subprocess.run(["sleep", "0.1"], check=True)
+            used, deadline_polls = group_cpu_s(groups), deadline_polls + 1
+        assert used["busy"] >= 0.45, used  # clock ticks round it down
+        assert used["idle"] < 0.3, used
+        assert group_cpu_s({"gone": 2**22 + 12345}) == {"gone": 0.0}
+    finally:
+        for process in (busy, idle):
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def test_steady_throughput_leaves_out_fill_and_drain():
+    # ten completions: a slow first (fill) and last (drain), one a second in between
+    ends = [5.0, 6, 7, 8, 9, 10, 11, 12, 13, 30]
+    assert steady_sps(ends, 256) == pytest.approx(256.0)  # completions 2..7 of 0..9
+    assert steady_sps([1.0], 256) == 0.0 and steady_sps([2.0, 2.0], 256) == 0.0
+
+
+def test_a_pairs_figures():
+    ours = {"sps": 3000.0, "cpu_s": {"web": 1.0, "worker": 0.2, "agent-peer-0": 3.0},
+            "events": 20_000, "makespan_s": 10.0}
+    theirs = {"sps": 2500.0, "cpu_s": 3.2}
+    pair = pair_figures(ours, theirs, microbatches=800)
+    assert pair["ratio"] == pytest.approx(1.2)
+    assert pair["edgepipe_cpu_ms"] == pytest.approx(4200 / 800)
+    assert pair["torch_cpu_ms"] == pytest.approx(4.0)
+    assert pair["web_cpu_ms"] == pytest.approx(1.25)
+    # 0.1 of a core taking in 2,000 events/s: 0.05 cores per 1,000 events/s
+    assert pair["web_cores_per_1000_events_s"] == pytest.approx(0.05)
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--models", "resnet"], "--models: resnet is not one of mlp, vgg5"),
+    (["--schedules", "pipedream"], "--schedules: pipedream is not one of 1f1b-sync, gpipe"),
+    (["--stages", "4"], "--stages: 4 is not one of 2, 3"),
+    (["--pairs", "0"], "--pairs must be at least 1"),
+])
+def test_bad_options_are_refused_before_anything_starts(argv, says):
+    with pytest.raises(SystemExit, match=says):
+        main(argv)
