@@ -30,7 +30,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -205,7 +205,7 @@ class _Outgoing:
     peer: str
     frames: list[bytes]
     header: Header
-    done: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event | None = None  # set once sent, for a caller that waits for it
 
 
 class DataPlane:
@@ -272,7 +272,8 @@ class DataPlane:
         if peer not in self._peers:
             raise TransportError(f"no address for peer {peer!r}")
         item = _Outgoing(peer=peer, frames=frames,
-                         header=parse_header(frames[0]) if header is None else header)
+                         header=parse_header(frames[0]) if header is None else header,
+                         done=threading.Event() if wait else None)
         if not self.shaped:
             # a hand-off to the sender thread cost a thread switch on every hop (up to the
             # interpreter's switch interval while this thread went on computing): a 32 KB
@@ -281,7 +282,7 @@ class DataPlane:
                 self._deliver(item)
             return
         self._outgoing.put(item)
-        if wait:
+        if item.done is not None:
             item.done.wait()
 
     def _socket(self, peer: str) -> zmq.Socket[bytes]:
@@ -315,7 +316,8 @@ class DataPlane:
         if self.on_send is not None:
             self.on_send(SendRecord(peer=item.peer, header=item.header, nbytes=nbytes,
                                     start=start, end=end))
-        item.done.set()
+        if item.done is not None:
+            item.done.set()
 
     def _send_loop(self) -> None:
         while True:

@@ -5,6 +5,7 @@ every control-connection message (``{"type": TYPE, ...fields}``)."""
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any, ClassVar, TypeVar, cast
@@ -35,14 +36,26 @@ def wire(read: Reader, default: Any = MISSING, *, factory: Any = MISSING) -> Any
     return field(default=default, default_factory=factory, metadata={"read": read})
 
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
 def _to_json(value: Any) -> Any:
     if hasattr(value, "to_json"):
         return value.to_json()
     if isinstance(value, (tuple, list)):
         return [_to_json(v) for v in value]
     if isinstance(value, Mapping):
+        if type(value) is dict and all(type(v) in _SCALARS for v in value.values()):
+            return value  # a flat JSON object (a timeline event): as it is, not copied
         return {k: _to_json(v) for k, v in value.items()}
     return value
+
+
+# set while _Record._parse builds a record from what its readers just read: its
+# __post_init__ need not read it again (the agents' events batches were read twice, and
+# their records serialised once more to be read, which took a fifth of the web server's
+# Python time)
+_reading = threading.local()
 
 
 def _fields(obj: Any) -> tuple[Field[Any], ...]:
@@ -63,7 +76,8 @@ class _Record:
     WHAT: ClassVar[str] = "the record"
 
     def __post_init__(self) -> None:
-        self._read_fields(self._json_fields(), "")
+        if not getattr(_reading, "fields", False):
+            self._read_fields(self._json_fields(), "")
         self.check()
 
     def check(self) -> None:
@@ -98,7 +112,13 @@ class _Record:
         required = _required(cls)
         obj = read_object(raw, what or cls.WHAT, [*extra, *required],
                           [n for n in names if n not in required], prefix=prefix)
-        return cls(**cls._read_fields(obj, prefix))
+        values = cls._read_fields(obj, prefix)
+        before = getattr(_reading, "fields", False)
+        _reading.fields = True
+        try:
+            return cls(**values)
+        finally:
+            _reading.fields = before
 
     @classmethod
     def from_json(cls: type[R], raw: Any) -> R:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, fields
 from typing import Any
@@ -118,7 +119,7 @@ class StageSpec:
         lags = depths if self.lag is None else list(self.lag)
         return max(depths[0], *lags)
 
-    @property
+    @functools.cached_property
     def tag(self) -> str:
         """The data-plane name of this generation's messages of this pipeline: a late
         activation of the generation before a recovery is never taken for one of this

@@ -242,6 +242,23 @@ def test_commands_built_in_code_obey_the_same_rules() -> None:
         Hello(data_address="tcp://a:1", resources=())
 
 
+def test_records_are_read_once_and_built_ones_still_checked() -> None:
+    """A record read from JSON is not read again by its __post_init__ (the events batches
+    were, twice), and a failed read leaves records built in code checked as before."""
+    event = {"run": 1, "device": "d", "stage": 0, "kind": "forward", "microbatch": 0,
+             "version": 0, "start": 0.0, "end": 1.0}
+    read = parse_agent_message({"type": "events", "run": 1, "timeline": [event, event]})
+    assert read == Events(run=1, timeline=(event, event))
+    with pytest.raises(ProtocolError, match=r"timeline\[1\]: must be a JSON object"):
+        parse_agent_message({"type": "events", "run": 1, "timeline": [event, [1]]})
+    with pytest.raises(ProtocolError, match="run: must be"):
+        parse_agent_message({"type": "events", "run": -1})
+    with pytest.raises(ProtocolError, match=r"timeline\[0\]: must be a JSON object"):
+        Events(run=1, timeline=("forward",))  # type: ignore[arg-type]
+    with pytest.raises(ProtocolError, match="slowdown: must be at least 1"):
+        EmulateCommand(slowdown=5000)
+
+
 def test_a_server_reply_or_command_is_read_by_its_type() -> None:
     assert parse_server_message({"type": "welcome", "device": "d", "name": ""}) == Welcome(
         device="d", name="")

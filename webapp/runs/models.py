@@ -271,7 +271,11 @@ class TimelineEvent(models.Model):
 
     class Meta:
         ordering = ("run_id", "start", "id")
-        indexes = (models.Index(fields=["run", "start"]),)
+        # (run, end): the live window (the events that end in the last minute, the newest
+        # LIVE_MAX_EVENTS of them), read every LIVE_IDLE_INTERVAL_S while a run trains and at
+        # each page's connect; without it each read scanned the whole run (166 ms at 123,000
+        # events, 32 ms with it)
+        indexes = (models.Index(fields=["run", "start"]), models.Index(fields=["run", "end"]))
 
 
 class FaultEvent(models.Model):
