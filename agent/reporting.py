@@ -11,7 +11,7 @@ import math
 import threading
 from collections.abc import Callable
 
-from agent.deployments import Deployments
+from agent.deployments import Deployment, Deployments
 from agent.executor import Metric
 from agent.transport import SendRecord
 from orchestrator.events import TimelineEvent
@@ -33,7 +33,12 @@ class Reporter:
         self._lock = threading.Lock()  # the stages take it for every event: held briefly
         self._flushing = threading.Lock()  # one flush at a time: batches keep their order
         self._timeline: dict[int, list[TimelineEvent]] = {}
-        self._metrics: dict[int, list[MetricSample]] = {}
+        # the stages' metrics as they report them; MetricSample records (checked as they are
+        # built) are made at the flush, off the stages' threads
+        self._metrics: dict[int, list[Metric]] = {}
+        # the deployment each (run, message tag) was last sent for: on_send runs for every
+        # message a stage sends, on the stage's thread
+        self._senders: dict[tuple[int, str], Deployment] = {}
         self._windows: dict[int, tuple[float, int, int]] = {}  # run: (since, samples, bytes)
 
     def event(self, event: TimelineEvent) -> None:
@@ -44,22 +49,27 @@ class Reporter:
         if not (math.isfinite(metric.value) and math.isfinite(metric.at)):
             log.debug("run %s: %s is %s, not sent", run, metric.name, metric.value)
             return  # not JSON (a diverged loss shows as the last finite one)
-        sample = MetricSample(at=metric.at, kind=metric.name, device=self.uid,
-                              value=metric.value)
         with self._lock:
-            self._metrics.setdefault(run, []).append(sample)
+            self._metrics.setdefault(run, []).append(metric)
 
     def on_send(self, record: SendRecord) -> None:
         """The data plane finished a send: a ``send`` event of the run's stage here."""
-        held = self.deployments.of_run(record.header.run)
-        if not held:
-            return
+        run = record.header.run
         # a message's name starts with its stage's tag (generation and pipeline: one stage
         # of each pipeline of a run per device); else the run's first stage here
         tag = (record.header.name or "").split(":", 1)[0]
-        deployment = next((d for d in held if d.spec.tag == tag), held[0])
+        deployment = self._senders.get((run, tag))
+        if deployment is None or self.deployments.get(deployment.key) is not deployment:
+            held = self.deployments.of_run(run)
+            if not held:
+                return
+            deployment = next((d for d in held if d.spec.tag == tag), None)
+            if deployment is None:  # not a stage's tag: the run's first stage, not kept
+                deployment = held[0]
+            else:
+                self._senders[(run, tag)] = deployment
         started = deployment.clock.started_at
-        self.event(TimelineEvent(record.header.run, self.uid, deployment.spec.stage, "send",
+        self.event(TimelineEvent(run, self.uid, deployment.spec.stage, "send",
                                  record.header.microbatch, record.header.version,
                                  record.start - started, record.end - started, record.nbytes,
                                  pipeline=deployment.spec.pipeline))
@@ -71,7 +81,9 @@ class Reporter:
             with self._lock:
                 taken = [(run, self._timeline.pop(run, []), self._metrics.pop(run, []))
                          for run in sorted(set(self._timeline) | set(self._metrics))]
-            for run, timeline, metrics in taken:
+            for run, timeline, reported in taken:
+                metrics = [MetricSample(at=m.at, kind=m.name, device=self.uid, value=m.value)
+                           for m in reported]
                 metrics += self._rates(run, timeline, now)
                 if timeline or metrics:
                     self.post(Events(run=run, timeline=tuple(e.to_json() for e in timeline),

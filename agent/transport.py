@@ -44,6 +44,7 @@ DTYPES: dict[str, torch.dtype] = {
     "bool": torch.bool,
 }
 _NAMES = {v: k for k, v in DTYPES.items()}
+_ITEMSIZE = {name: torch.empty((), dtype=dtype).element_size() for name, dtype in DTYPES.items()}
 KINDS = ("activation", "gradient", "labels", "weights", "probe", "grads")
 MAX_HEADER_BYTES = 4096
 DEFAULT_MAX_MESSAGE_BYTES = 512 * 1024 * 1024
@@ -163,8 +164,7 @@ def decode(frames: Sequence[bytes], *, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTE
     payload = frames[1]
     dtype = DTYPES[header.dtype]
     count = math.prod(header.shape)
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    expected = count * itemsize
+    expected = count * _ITEMSIZE[header.dtype]
     if expected > max_bytes:
         raise TransportError(f"message of {expected} bytes exceeds the limit of {max_bytes}")
     if len(payload) != expected:
@@ -336,37 +336,48 @@ class DataPlane:
         poller = zmq.Poller()
         poller.register(self.inbox_socket, zmq.POLLIN)
         while not self._stop.is_set():
-            if not dict(poller.poll(100)):
+            if not poller.poll(100):
                 continue
-            frames = self.inbox_socket.recv_multipart()
-            try:
-                message = decode(frames, max_bytes=self.max_message_bytes,
-                                 arrived_at=self.clock())
-            except TransportError as exc:
+            # take every message waiting, then poll again (a poll per message cost as much
+            # as decoding a small one)
+            while not self._stop.is_set():
+                try:
+                    frames = self.inbox_socket.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self._take(frames)
+
+    def _take(self, frames: list[bytes]) -> None:
+        """Decode one message and hand it on (a probe answered, weights to the weight
+        store, anything else to the inbox); a bad one is rejected, and the loop goes on."""
+        try:
+            message = decode(frames, max_bytes=self.max_message_bytes,
+                             arrived_at=self.clock())
+        except TransportError as exc:
+            self.rejected += 1
+            log.warning("rejected a message: %s", exc)
+            if self.on_reject is not None:
+                self.on_reject(str(exc))
+            return
+        name = message.header.name or ""
+        if message.header.kind == "probe" and name.startswith("ping:"):
+            self._answer_ping(name[5:], message.header)
+            return
+        if (message.header.kind == "weights" and self.on_weights is not None
+                and not name.startswith("fetched:")):
+            try:  # a replica to keep or a fetch to answer: the agent's weight store's
+                self.on_weights(message)
+            except (TransportError, ValueError) as exc:
                 self.rejected += 1
-                log.warning("rejected a message: %s", exc)
+                log.warning("rejected weights %r: %s", name, exc)
                 if self.on_reject is not None:
-                    self.on_reject(str(exc))
-                continue
-            name = message.header.name or ""
-            if message.header.kind == "probe" and name.startswith("ping:"):
-                self._answer_ping(name[5:], message.header)
-                continue
-            if (message.header.kind == "weights" and self.on_weights is not None
-                    and not name.startswith("fetched:")):
-                try:  # a replica to keep or a fetch to answer: the agent's weight store's
-                    self.on_weights(message)
-                except (TransportError, ValueError) as exc:
-                    self.rejected += 1
-                    log.warning("rejected weights %r: %s", name, exc)
-                    if self.on_reject is not None:
-                        self.on_reject(f"weights {name!r}: {exc}")
-                continue
-            key = (message.header.run, message.header.kind, message.header.microbatch,
-                   message.header.name)
-            with self._inbox_changed:
-                self._inbox[key] = message
-                self._inbox_changed.notify_all()
+                    self.on_reject(f"weights {name!r}: {exc}")
+            return
+        key = (message.header.run, message.header.kind, message.header.microbatch,
+               message.header.name)
+        with self._inbox_changed:
+            self._inbox[key] = message
+            self._inbox_changed.notify_all()
 
     def _answer_ping(self, sender: str, header: Header) -> None:
         if sender not in self._peers:

@@ -1,0 +1,86 @@
+"""agent.reporting.Reporter: a send becomes a ``send`` event of the stage that sent it (found
+once per run and tag, found again when that stage is replaced), and metrics become metric
+samples at the flush, the non-finite ones left out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent.deployments import Deployment, Deployments
+from agent.executor import Clock, Metric
+from agent.reporting import Reporter
+from agent.transport import Header, SendRecord
+from orchestrator.protocol import Events, Message, StageSpec
+
+
+def stage_spec(stage: int, generation: int = 0) -> StageSpec:
+    return StageSpec.from_json({
+        "run": 7, "device": "edge-a", "stage": stage, "layers": [stage, stage],
+        "model": "mlp", "dataset": "digits", "batch_size": 8, "schedule": "1f1b",
+        "stage_devices": [["edge-a"], ["edge-b"]] if stage == 0 else [["edge-b"], ["edge-a"]],
+        "stage_times_s": [[1.0], [1.0]], "microbatches": 4, "generation": generation})
+
+
+def deployment(stage: int, started_at: float, generation: int = 0) -> Deployment:
+    executor: Any = object()  # the reporter reads the spec and the clock only
+    return Deployment(spec=stage_spec(stage, generation), executor=executor,
+                      clock=Clock(started_at=started_at))
+
+
+def sent(microbatch: int, name: str, start: float) -> SendRecord:
+    header = Header(run=7, kind="activation", microbatch=microbatch, version=0,
+                    dtype="float32", shape=(2,), name=name)
+    return SendRecord(peer="edge-b", header=header, nbytes=8, start=start, end=start + 0.5)
+
+
+def flushed(reporter: Reporter, posted: list[Message]) -> Events:
+    reporter.flush()
+    [batch] = posted
+    posted.clear()
+    assert isinstance(batch, Events)
+    return batch
+
+
+def test_a_send_is_an_event_of_the_stage_that_sent_it_even_after_a_replacement() -> None:
+    deployments = Deployments()
+    first = deployment(0, started_at=100.0)
+    deployments.add(first)
+    posted: list[Message] = []
+    reporter = Reporter(uid="edge-a", deployments=deployments, post=posted.append,
+                        clock=lambda: 0.0)
+
+    reporter.on_send(sent(0, "g0", start=101.0))
+    reporter.on_send(sent(1, "g0:x", start=102.0))
+    events = flushed(reporter, posted).timeline
+    assert [(e["kind"], e["stage"], e["microbatch"], e["start"]) for e in events] == [
+        ("send", 0, 0, 1.0), ("send", 0, 1, 2.0)]
+
+    # the stage is replaced under the same key (same tag): the new one's clock counts
+    deployments.remove(first)
+    deployments.add(deployment(0, started_at=200.0))
+    reporter.on_send(sent(2, "g0", start=201.0))
+    assert [e["start"] for e in flushed(reporter, posted).timeline] == [1.0]
+
+    # a name that is no stage's tag goes to the run's first stage here, and is not kept
+    reporter.on_send(sent(3, "chain:7", start=203.0))
+    assert [e["microbatch"] for e in flushed(reporter, posted).timeline] == [3]
+
+    # a run no longer held here: nothing
+    deployments.remove(deployments.of_run(7)[0])
+    reporter.on_send(sent(4, "g0", start=204.0))
+    reporter.flush()
+    assert posted == []
+
+
+def test_metrics_become_samples_at_the_flush_without_the_non_finite_ones() -> None:
+    deployments = Deployments()
+    deployments.add(deployment(1, started_at=100.0))
+    posted: list[Message] = []
+    reporter = Reporter(uid="edge-a", deployments=deployments, post=posted.append,
+                        clock=lambda: 0.0)
+    reporter.metric(7, Metric("loss", 2.5, 3, 1.25))
+    reporter.metric(7, Metric("loss", float("nan"), 4, 1.5))
+    reporter.metric(7, Metric("accuracy", 0.5, 3, float("inf")))
+    samples = flushed(reporter, posted).metrics
+    assert [(s.kind, s.value, s.at, s.device) for s in samples] == [
+        ("loss", 2.5, 1.25, "edge-a")]
