@@ -51,7 +51,8 @@ Reply = Message | None
 
 
 def _run_of(device: Device, run_id: int) -> Run:
-    run = Run.objects.filter(pk=run_id, run_devices__device=device).first()
+    # sliced, not first(): no ORDER BY to compile for every events batch
+    run = next(iter(Run.objects.filter(pk=run_id, run_devices__device=device)[:1]), None)
     if run is None:
         raise InvalidInput("run", f"device {device.uid} has no run {run_id}")
     return run
