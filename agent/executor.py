@@ -1,10 +1,11 @@
 """The stage executor: runs this device's action list (orchestrator.schedule) through one
 dispatch table, exchanging activations, gradients and labels with its neighbours.
 
-- ``F`` (forward): stage 0 reads micro-batch m from the data set and sends its labels straight to
-  the last stage's device for m; other stages take the activation from the inbox. The output
-  goes to the next stage's device for m, or, on the last stage, into the loss (cross-entropy)
-  and accuracy.
+- ``F`` (forward): stage 0 reads micro-batch m from the data set; other stages take the
+  activation from the inbox. The output goes to the next stage's device for m, or, on the
+  last stage, into the loss (cross-entropy) and accuracy. The labels ride with the
+  activations, stage to stage, to the last stage (a message of their own from stage 0 to the
+  last stage cost a send, a receive and two timeline events per micro-batch).
 - ``B`` (backward): the last stage differentiates its loss; others take the gradient of their
   output from the inbox. The gradient of the input goes back to the previous stage's device.
 - ``A`` (replicas of a stage share gradients, agent.gradsync): under asynchronous 1F1B this
@@ -496,12 +497,12 @@ class StageExecutor(Sharing):
         return out
 
     def _send(self, kind: str, stage: int, microbatch: int, version: int,
-              tensor: torch.Tensor) -> None:
+              tensor: torch.Tensor, labels: torch.Tensor | None = None) -> None:
         begun = time.perf_counter()
         peer = self.schedule.device_for(stage, microbatch - self.spec.first_microbatch)
         header, frames = encode_message(
             run=self.spec.run, kind=kind, microbatch=microbatch, version=version, tensor=tensor,
-            name=self.spec.tag, sent_at=self.clock.absolute())
+            name=self.spec.tag, sent_at=self.clock.absolute(), labels=labels)
         self.plane.send(peer, frames, header=header)
         self.costs.sent_s += time.perf_counter() - begun
         self.costs.sends += 1
@@ -566,19 +567,16 @@ class StageExecutor(Sharing):
             header_version = version
             # the oldest version a forward to come may use (vertical sync keeps those after)
             self.latest_header_version = max(self.latest_header_version, header_version)
-            if not self.spec.last:
-                self._send("labels", self.spec.num_stages - 1, m, header_version, labels)
         else:
             message = self._receive("activation", m)
             self._record_receive(message, k)
             inputs = message.tensor.requires_grad_(True)
+            labels = message.labels  # they ride with the activations, to the last stage
             header_version = message.header.version
             self.latest_header_version = max(self.latest_header_version, header_version)
             version = self._forward_version(m, header_version)
         if self.spec.last and labels is None:
-            label_message = self._receive("labels", m)
-            self._record_receive(label_message, k)
-            labels = label_message.tensor
+            raise StageError(f"micro-batch {m}'s activation came without its labels")
         stash = self.spec.vertical_sync or self.stash_for.get(m, False)
         try:
             params = self.versions.weights(version, stash=stash, gated=self._gated(m))
@@ -608,7 +606,7 @@ class StageExecutor(Sharing):
         self.result.forwards.append(m)
         self.result.versions[m] = version
         if not self.spec.last:
-            self._send("activation", k + 1, m, header_version, output.detach())
+            self._send("activation", k + 1, m, header_version, output.detach(), labels=labels)
 
     def _take_in_flight(self, m: int) -> _InFlight:
         """The forward of m's state (on two lanes the last stage's backward may come before

@@ -1,11 +1,13 @@
-"""The data plane between agents: tensors as ZeroMQ multipart messages [JSON header, raw bytes].
+"""The data plane between agents: tensors as ZeroMQ multipart messages [JSON header, raw bytes]
+(an activation may carry its micro-batch's labels as a third frame).
 
 Nothing received is unpickled. A header must be a JSON object with exactly the known fields
 (``run``, ``kind``, ``microbatch``, ``version``, ``dtype``, ``shape``; optionally ``name`` for a
-weight tensor and ``sent_at``, the server's epoch time when the sender started sending), its
-dtype must be one of a fixed set, and the payload must be exactly shape x itemsize bytes and
-no larger than the configured limit; anything else is rejected with a reason and changes
-nothing.
+weight tensor, ``sent_at``, the server's epoch time when the sender started sending, and
+``labels``, the number of int64 labels in the third frame), its dtype must be one of a fixed
+set, and the payload must be exactly shape x itemsize bytes (the labels' frame 8 bytes a
+label) and no larger than the configured limit; anything else is rejected with a reason and
+changes nothing.
 
 :class:`DataPlane` owns one PULL socket (this agent's inbox) on a receiver thread and PUSH
 sockets to its peers, used under a lock (ZeroMQ sockets are not thread-safe). A send hands the
@@ -64,6 +66,7 @@ class Header:
     shape: tuple[int, ...]
     name: str | None = None
     sent_at: float | None = None
+    labels: int | None = None  # int64 labels in a third frame (an activation's micro-batch's)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"run": self.run, "kind": self.kind, "microbatch": self.microbatch,
@@ -73,6 +76,8 @@ class Header:
             out["name"] = self.name
         if self.sent_at is not None:
             out["sent_at"] = self.sent_at
+        if self.labels is not None:
+            out["labels"] = self.labels
         return out
 
 
@@ -81,10 +86,12 @@ class Message:
     header: Header
     tensor: torch.Tensor
     arrived_at: float = 0.0
+    labels: torch.Tensor | None = None  # the micro-batch's labels an activation carries
 
     @property
     def nbytes(self) -> int:
-        return self.tensor.numel() * self.tensor.element_size()
+        extra = 0 if self.labels is None else self.labels.numel() * 8
+        return self.tensor.numel() * self.tensor.element_size() + extra
 
 
 def encode(*, run: int, kind: str, microbatch: int, version: int, tensor: torch.Tensor,
@@ -95,19 +102,30 @@ def encode(*, run: int, kind: str, microbatch: int, version: int, tensor: torch.
 
 
 def encode_message(*, run: int, kind: str, microbatch: int, version: int, tensor: torch.Tensor,
-                   name: str | None = None, sent_at: float | None = None
-                   ) -> tuple[Header, list[bytes]]:
+                   name: str | None = None, sent_at: float | None = None,
+                   labels: torch.Tensor | None = None) -> tuple[Header, list[bytes]]:
     """:func:`encode`, with the header it wrote (what :meth:`DataPlane.send` takes to skip
-    reading it back)."""
+    reading it back). ``labels``: an activation's micro-batch's labels, carried along as a
+    third frame of int64 (the last stage needs them; they ride with the activations instead
+    of travelling as a message of their own)."""
     if kind not in KINDS:
         raise TransportError(f"unknown message kind {kind!r}")
     t = tensor.detach().to("cpu").contiguous()
     if t.dtype not in _NAMES:
         raise TransportError(f"dtype {t.dtype} cannot be sent")
+    carried = None
+    if labels is not None:
+        if kind != "activation":
+            raise TransportError(f"labels ride with activations, not with {kind}")
+        carried = labels.detach().to("cpu", torch.int64).reshape(-1).contiguous()
     header = Header(run=run, kind=kind, microbatch=microbatch, version=version,
-                    dtype=_NAMES[t.dtype], shape=tuple(t.shape), name=name, sent_at=sent_at)
+                    dtype=_NAMES[t.dtype], shape=tuple(t.shape), name=name, sent_at=sent_at,
+                    labels=None if carried is None else int(carried.numel()))
     payload = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
-    return header, [json.dumps(header.to_json()).encode(), payload]
+    frames = [json.dumps(header.to_json()).encode(), payload]
+    if carried is not None:
+        frames.append(carried.numpy().tobytes())
+    return header, frames
 
 
 def _int(obj: dict[str, Any], key: str, minimum: int = 0) -> int:
@@ -131,7 +149,7 @@ def parse_header(raw: bytes) -> Header:
     missing = required - obj.keys()
     if missing:
         raise TransportError(f"header lacks {sorted(missing)}")
-    unknown = obj.keys() - required - {"name", "sent_at"}
+    unknown = obj.keys() - required - {"name", "sent_at", "labels"}
     if unknown:
         raise TransportError(f"header has unknown fields {sorted(unknown)}")
     if obj["kind"] not in KINDS:
@@ -150,23 +168,36 @@ def parse_header(raw: bytes) -> Header:
     if sent_at is not None and (isinstance(sent_at, bool) or not isinstance(sent_at, (int, float))
                                 or not math.isfinite(sent_at)):
         raise TransportError(f"sent_at must be a finite number, got {sent_at!r}")
+    labels = None
+    if "labels" in obj:
+        if obj["kind"] != "activation":
+            raise TransportError(f"labels ride with activations, not with {obj['kind']}")
+        labels = _int(obj, "labels")
     return Header(run=_int(obj, "run"), kind=obj["kind"], microbatch=_int(obj, "microbatch"),
                   version=_int(obj, "version"), dtype=obj["dtype"], shape=tuple(shape),
-                  name=name, sent_at=None if sent_at is None else float(sent_at))
+                  name=name, sent_at=None if sent_at is None else float(sent_at),
+                  labels=labels)
 
 
 def decode(frames: Sequence[bytes], *, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
            arrived_at: float = 0.0) -> Message:
-    """Validate and decode [header, payload]; raises TransportError on any mismatch."""
-    if len(frames) != 2:
-        raise TransportError(f"expected 2 frames [header, payload], got {len(frames)}")
+    """Validate and decode [header, payload] (and an activation's labels' frame); raises
+    TransportError on any mismatch."""
+    if len(frames) not in (2, 3):
+        raise TransportError(f"expected 2 frames [header, payload] (3 with labels), got "
+                             f"{len(frames)}")
     header = parse_header(bytes(frames[0]))
+    if (header.labels is not None) != (len(frames) == 3):
+        raise TransportError("a labels frame comes with a header's labels count, and only "
+                             "with it")
     payload = frames[1]
     dtype = DTYPES[header.dtype]
     count = math.prod(header.shape)
     expected = count * _ITEMSIZE[header.dtype]
-    if expected > max_bytes:
-        raise TransportError(f"message of {expected} bytes exceeds the limit of {max_bytes}")
+    labels_bytes = 8 * (header.labels or 0)
+    if expected + labels_bytes > max_bytes:
+        raise TransportError(f"message of {expected + labels_bytes} bytes exceeds the limit "
+                             f"of {max_bytes}")
     if len(payload) != expected:
         raise TransportError(f"payload has {len(payload)} bytes but the header's shape "
                              f"{list(header.shape)} of {header.dtype} needs {expected}")
@@ -174,7 +205,14 @@ def decode(frames: Sequence[bytes], *, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTE
         tensor = torch.empty(header.shape, dtype=dtype)
     else:
         tensor = torch.frombuffer(bytearray(payload), dtype=dtype).reshape(header.shape)
-    return Message(header=header, tensor=tensor, arrived_at=arrived_at)
+    labels = None
+    if header.labels is not None:
+        if len(frames[2]) != labels_bytes:
+            raise TransportError(f"labels frame has {len(frames[2])} bytes but {header.labels} "
+                                 f"int64 labels need {labels_bytes}")
+        labels = (torch.frombuffer(bytearray(frames[2]), dtype=torch.int64) if header.labels
+                  else torch.empty(0, dtype=torch.int64))
+    return Message(header=header, tensor=tensor, arrived_at=arrived_at, labels=labels)
 
 
 @dataclass(frozen=True)
@@ -304,7 +342,7 @@ class DataPlane:
     def _deliver(self, item: _Outgoing) -> None:
         """Send one message now, after the shaped line's delay (under ``_sending``)."""
         sock = self._socket(item.peer)
-        nbytes = len(item.frames[1])
+        nbytes = sum(len(f) for f in item.frames[1:])
         start = max(self.clock(), self._free_at)
         deliver = start + self.shaping.delay_s(nbytes)
         pause = deliver - self.clock()

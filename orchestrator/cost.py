@@ -6,7 +6,7 @@ For stage k (layers a..e, devices G, S stages):
   (its ``layer_times`` if measured, else reference time / speed), plus the device's
   ``overhead_s``, the fixed cost of a micro-batch on a stage beyond its layers (an EdgePipe
   extension, 0 by default: see docs/architecture.md), and ``message_s`` for each message the
-  stage sends per micro-batch (:func:`stage_messages`: 2 first or in the middle, 1 last, none
+  stage sends per micro-batch (:func:`stage_messages`: 1 first, 2 in the middle, 1 last, none
   alone);
 - replica sync ``Y = 2 (n-1)/n * P / (slowest link inside G)`` for n = |G| > 1;
 - stage time ``T_k = max(C, Y)``;
@@ -230,12 +230,12 @@ def build_cost_model(profile: ModelProfile, devices: DeviceSet) -> CostModel:
 
 def pass_messages(a: int, e: int, num_layers: int) -> tuple[int, int]:
     """The messages a stage of layers a..e sends per micro-batch, in its forward (its
-    activation, and on the first stage the labels, which go to the last) and in its backward
-    (the gradient of its input). A stage of the whole model sends none. What a receive costs
+    activation, which carries the labels along to the last stage) and in its backward (the
+    gradient of its input). A stage of the whole model sends none. What a receive costs
     (taking an arrived message from the inbox, some microseconds) is in the overhead: the time
     a message takes to arrive is the link's, which the stage spends waiting."""
     first, last = a == 0, e == num_layers - 1
-    return int(not last) + int(first and not last), int(not first)
+    return int(not last), int(not first)
 
 
 def stage_messages(a: int, e: int, num_layers: int) -> int:
@@ -248,7 +248,7 @@ def messages_table(num_layers: int) -> npt.NDArray[np.int64]:
     cut = np.arange(num_layers + 1)
     start, end = cut[:, None], cut[None, :]
     first, last = start == 0, end == num_layers
-    table: npt.NDArray[np.int64] = np.where(last, 1, 2) - (first & last).astype(np.int64)
+    table: npt.NDArray[np.int64] = np.where(last, 1, 2) - first.astype(np.int64)
     return table
 
 

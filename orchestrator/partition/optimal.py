@@ -96,7 +96,7 @@ class _SubsetSearch:
         slack = limit * _REL_TOL + 1e-15
         last = np.arange(self.num_layers + 1) == self.num_layers
         tables = []
-        for messages in (np.where(last, 1, 2), np.where(last, 0, 2)):
+        for messages in (np.where(last, 1, 2), np.where(last, 0, 1)):
             # a device whose fixed cost alone exceeds the limit gets starts past every end
             comp = np.stack([
                 np.searchsorted(row, row - (limit + slack - overhead - per * messages),

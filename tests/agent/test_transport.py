@@ -34,6 +34,21 @@ def test_round_trip(dtype: torch.dtype) -> None:
     assert torch.equal(message.tensor, tensor)
 
 
+def test_an_activation_carries_its_labels() -> None:
+    labels = torch.tensor([3, 1, 4, 1], dtype=torch.int64)
+    head, frames = encode_message(run=7, kind="activation", microbatch=2, version=0,
+                                  tensor=torch.ones(4, 3), labels=labels)
+    assert head.labels == 4 and len(frames) == 3
+    message = decode(frames)
+    assert message.labels is not None and torch.equal(message.labels, labels)
+    assert message.header == head and message.nbytes == 4 * 3 * 4 + 4 * 8
+    assert decode(encode(run=7, kind="activation", microbatch=2, version=0,
+                         tensor=torch.ones(1))).labels is None
+    with pytest.raises(TransportError, match="labels ride with activations"):
+        encode_message(run=7, kind="gradient", microbatch=2, version=0, tensor=torch.ones(1),
+                       labels=labels)
+
+
 def header(**overrides: object) -> bytes:
     base: dict[str, object] = {"run": 1, "kind": "activation", "microbatch": 0, "version": 0,
                                "dtype": "float32", "shape": [2, 2]}
@@ -57,6 +72,12 @@ PAYLOAD = torch.zeros(2, 2).numpy().tobytes()
     ([b"\x80\x03cos\nsystem\n", PAYLOAD], "header is not JSON"),
     ([b"[1, 2]", PAYLOAD], "header must be a JSON object"),
     ([header()], "expected 2 frames"),
+    ([header(), PAYLOAD, b"\0" * 8], "a labels frame comes with a header's labels count"),
+    ([header(labels=2), PAYLOAD], "a labels frame comes with a header's labels count"),
+    ([header(labels=2), PAYLOAD, b"\0" * 15], "labels frame has 15 bytes but 2 int64"),
+    ([header(labels=-1), PAYLOAD, b""], "'labels' must be an integer >= 0"),
+    ([header(kind="gradient", labels=1), PAYLOAD, b"\0" * 8], "labels ride with activations"),
+    ([header(labels=10**9), PAYLOAD, b""], "exceeds the limit"),
     ([header(sent_at="soon"), PAYLOAD], "sent_at must be a finite number"),
 ])
 def test_malformed_messages_are_rejected(frames: list[bytes], reason: str) -> None:

@@ -203,22 +203,22 @@ def test_a_devices_overhead_is_paid_once_per_stage() -> None:
 
 
 def test_a_stage_pays_for_each_message_it_sends() -> None:
-    # first stage: its activation and the labels; middle: its activation and its input's
-    # gradient; last: its input's gradient; a stage of the whole model: none
-    assert pass_messages(0, 1, 6) == (2, 0)
+    # first stage: its activation (the labels ride with it); middle: its activation and its
+    # input's gradient; last: its input's gradient; a stage of the whole model: none
+    assert pass_messages(0, 1, 6) == (1, 0)
     assert pass_messages(2, 3, 6) == (1, 1)
     assert pass_messages(4, 5, 6) == (0, 1)
     assert pass_messages(0, 5, 6) == (0, 0)
     table = messages_table(6)
-    assert [table[0, 2], table[2, 4], table[4, 6], table[0, 6]] == [2, 2, 1, 0]
+    assert [table[0, 2], table[2, 4], table[4, 6], table[0, 6]] == [1, 2, 1, 0]
     assert all(table[a, e + 1] == stage_messages(a, e, 6) for a in range(6) for e in range(a, 6))
     profile = make_profile([(1.0, 1.0)] * 6)
     cm = build_cost_model(profile, DeviceSet(devices=(
         make_device("a", 1.0, overhead_s=0.5, message_s=0.25), make_device("b", 1.0),
         make_device("c", 1.0, message_s=0.1))))
     p = evaluate(cm, (Stage((0, 1), ("a",)), Stage((2, 3), ("b",)), Stage((4, 5), ("c",))))
-    assert p.stage_s == pytest.approx((4.0 + 0.5 + 2 * 0.25, 4.0, 4.0 + 0.1))
-    assert cm.pass_s(0, 0, 1) == pytest.approx((2.25 + 2 * 0.25, 2.25))
+    assert p.stage_s == pytest.approx((4.0 + 0.5 + 0.25, 4.0, 4.0 + 0.1))
+    assert cm.pass_s(0, 0, 1) == pytest.approx((2.25 + 0.25, 2.25))
     alone = evaluate(cm, (Stage((0, 5), ("a",)),))
     assert alone.stage_s[0] == pytest.approx(12.5)  # nothing to send
     middle = evaluate(cm, (Stage((0, 0), ("b",)), Stage((1, 4), ("a",)), Stage((5, 5), ("c",))))
