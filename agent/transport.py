@@ -47,7 +47,7 @@ DTYPES: dict[str, torch.dtype] = {
 }
 _NAMES = {v: k for k, v in DTYPES.items()}
 _ITEMSIZE = {name: torch.empty((), dtype=dtype).element_size() for name, dtype in DTYPES.items()}
-KINDS = ("activation", "gradient", "labels", "weights", "probe", "grads")
+KINDS = ("activation", "gradient", "weights", "probe", "grads")
 MAX_HEADER_BYTES = 4096
 DEFAULT_MAX_MESSAGE_BYTES = 512 * 1024 * 1024
 

@@ -65,6 +65,8 @@ PAYLOAD = torch.zeros(2, 2).numpy().tobytes()
     ([header(shape=[4, 4]), PAYLOAD], "needs 64"),
     ([header(dtype="object"), PAYLOAD], "dtype 'object' is not one of"),
     ([header(kind="pickle"), PAYLOAD], "unknown message kind 'pickle'"),
+    # labels ride with activations: a message of their own is no longer a kind
+    ([header(kind="labels", dtype="int64", shape=[2]), PAYLOAD], "unknown message kind"),
     ([header(run=-1), PAYLOAD], "'run' must be an integer >= 0"),
     ([header(microbatch=None), PAYLOAD], "header lacks ['microbatch']"),
     ([header(evil=1), PAYLOAD], "unknown fields ['evil']"),
