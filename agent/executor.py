@@ -236,7 +236,7 @@ class StageExecutor(Sharing):
         self.result = StageResult()
         # the fixed cost's clock ticks at each backward; on a replica at each update (it pays
         # its fixed cost for every micro-batch of the stage: cost.shared_compute_s)
-        self.tick = "U" if spec.replicated and spec.schedule == "1f1b" else "B"
+        self.tick = "U" if spec.replicated and not self.synchronous else "B"
         self.costs = CostClock(backwards=sum(1 for a in self.actions if a.kind == self.tick))
         # two lanes: how far the lane of everything but forwards has got
         self.lane_state = threading.Condition()
@@ -544,7 +544,7 @@ class StageExecutor(Sharing):
     def _forward_version(self, m: int, header_version: int | None) -> int:
         """The version this forward runs on (module docstring, "Weight versions")."""
         gate = self._gated(m)
-        if not self.spec.vertical_sync or self.spec.schedule != "1f1b":
+        if not self.spec.vertical_sync or self.synchronous:
             return gate
         if header_version is None:  # stage 0: the updates up to m - the pipeline's lag
             m_local = m - self.spec.first_microbatch

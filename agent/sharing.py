@@ -18,6 +18,7 @@ from agent.gradsync import flatten, ring_all_reduce, send_gradients, unflatten
 from agent.transport import DataPlane, Message, encode_message
 from agent.versions import WeightVersions
 from orchestrator.events import TimelineEvent
+from orchestrator.formats import synchronous
 from orchestrator.protocol import StageSpec
 from orchestrator.schedule import Action
 
@@ -79,7 +80,7 @@ class Sharing:
         spec, m = self.spec, action.microbatch
         peers = [d for d in spec.replicas if d != spec.device]
         start = self.clock.now()
-        if spec.schedule == "1f1b":
+        if not synchronous(spec.schedule):
             sent = send_gradients(self.plane, run=spec.run, name=spec.tag, microbatch=m,
                                   version=self.version, grads=self.grads[m], peers=peers,
                                   sent_at=self.clock.absolute)

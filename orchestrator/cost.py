@@ -41,6 +41,7 @@ from orchestrator.formats import (
     Stage,
     check_compatible,
     check_stages,
+    synchronous,
 )
 
 FloatArray = npt.NDArray[np.float64]
@@ -280,7 +281,7 @@ def stage_figures(cm: CostModel, stage: Stage, *,
     group = [cm.index(d) for d in stage.devices]
     a, e = stage.layers
     if beta is None:
-        compute = cm.compute_s(a, e, group, every_update=schedule == "1f1b")
+        compute = cm.compute_s(a, e, group, every_update=not synchronous(schedule))
     else:
         compute = shared_compute_s([device_beta_s(cm, d, a, e, beta) for d in group])
     return StageFigures(compute_s=compute, sync_s=cm.sync_s(a, e, group))

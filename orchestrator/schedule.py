@@ -161,13 +161,13 @@ def assign_replicas(times_s: Sequence[float], microbatches: int) -> list[int]:
 
 
 def _one_f_one_b(stage: int, mine: Sequence[int], warmup: int) -> list[Action]:
-    warmup = min(warmup, len(mine))
-    acts = [Action(stage, "F", m) for m in mine[:warmup]]
-    for i in range(len(mine) - warmup):
-        acts += [Action(stage, "B", mine[i]), Action(stage, "U", mine[i]),
-                 Action(stage, "F", mine[warmup + i])]
-    for m in mine[len(mine) - warmup:]:
-        acts += [Action(stage, "B", m), Action(stage, "U", m)]
+    """One device's list under asynchronous 1F1B: :func:`_one_f_one_b_window`'s order
+    (``warmup`` forwards, then B, F...), each backward followed by its update."""
+    acts: list[Action] = []
+    for action in _one_f_one_b_window(stage, mine, warmup - 1):
+        acts.append(action)
+        if action.kind == "B":
+            acts.append(Action(stage, "U", action.microbatch))
     return acts
 
 
@@ -302,7 +302,7 @@ def forward_gates(actions: Sequence[Action], *, name: str, two_lanes: bool,
         else:
             started = finished = others
             version = len(updates)
-        if depth is not None and name == "1f1b":
+        if depth is not None and not synchronous(name):
             version = reference_version(action.microbatch, depth)
             if version > len(updates):
                 raise ValueError(f"{action} needs {version} updates; {len(updates)} come before "

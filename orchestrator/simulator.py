@@ -177,7 +177,7 @@ class _Simulation:
     def shared(self, p: int, k: int, m: int, dev: str) -> bool:
         """Is this a 1F1B update of a micro-batch another replica owns (its gradient comes)?"""
         schedule = self.schedules[p]
-        return (schedule.name == "1f1b" and len(self.plans[p].stages[k].devices) > 1
+        return (not synchronous(schedule.name) and len(self.plans[p].stages[k].devices) > 1
                 and schedule.device_for(k, m) != dev)
 
     def try_start(self, w: _Worker, lane: _Lane) -> bool:
@@ -246,7 +246,7 @@ class _Simulation:
         p, k, m = w.pipeline, action.stage, action.microbatch
         stage = self.plans[p].stages[k]
         a, e = stage.layers
-        if self.schedules[p].name == "1f1b":
+        if not synchronous(self.schedules[p].name):
             # the micro-batch's gradient to every other replica; the owner computes on
             size = int(self.cm.params_bytes(a, e))
             self.event(w, k, "aggregate", m, self.now, self.now, size)
@@ -397,7 +397,7 @@ class ScheduleInputs:
 def schedule_inputs(cm: CostModel, plan: Plan) -> ScheduleInputs:
     fwd, bwd = pass_times(cm, plan)
     pace = {d: max(fwd[d], bwd[d]) if d in plan.two_lanes else fwd[d] + bwd[d] for d in fwd}
-    if plan.schedule == "1f1b":
+    if not synchronous(plan.schedule):
         # a replica pays its fixed cost for every micro-batch of its stage whoever owns it
         # (it applies every update): in the stage's period C it has C - f_d left for its
         # passes of p_d each, so its share is (C - f_d) / p_d (cost.shared_compute_s), which

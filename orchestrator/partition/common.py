@@ -14,7 +14,7 @@ from orchestrator.cost import (
     evaluate,
     replica_inflight,
 )
-from orchestrator.formats import SCHEDULES, Bound, Plan, Stage, freeze_beta
+from orchestrator.formats import SCHEDULES, Bound, Plan, Stage, freeze_beta, synchronous
 
 # A stage as planners build it: (first layer, last layer, device indices).
 RawStage = tuple[int, int, tuple[int, ...]]
@@ -59,7 +59,7 @@ def staleness_notes(stages: Sequence[Stage], inflight: Sequence[int],
     high learning rate such staleness slows or stops training (the MLP on digits at lr 0.1
     did not learn with its forwards 11 behind: loss 2.1 after 1,200 micro-batches, against
     0.02 with 1)."""
-    if lag is None or schedule != "1f1b":
+    if lag is None or synchronous(schedule):
         return []
     stale = [(k, g) for k, (g, stage) in enumerate(zip(lag, stages, strict=True))
              if len(stage.devices) > 1 and g > inflight[0]]

@@ -189,7 +189,7 @@ class StageSpec:
             raise fail("first_microbatch", f"under {self.schedule} a generation resumes at "
                        f"a batch boundary (a multiple of {self.flush_every})",
                        self.first_microbatch)
-        if self.aggregate_every and self.schedule != "1f1b":
+        if self.aggregate_every and synchronous(self.schedule):
             raise fail("aggregate_every", "weight aggregation is for the asynchronous 1f1b")
         if min(self.generation, self.chain_every, self.global_every, self.aggregate_every) < 0:
             raise fail("generation", "generation, chain_every, global_every and "

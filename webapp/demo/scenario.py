@@ -31,6 +31,7 @@ from django.core.management import call_command
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from orchestrator.formats import synchronous
 from webapp.demo.client import ApiClient, DemoError, wait_for
 from webapp.demo.processes import ProcessGroup
 from webapp.devices import services as device_services
@@ -425,7 +426,7 @@ def run_demo(options: DemoOptions, *, say: Callable[[str], None] = print
     if o.aggregate_every is not None and not 0 <= o.aggregate_every <= AGGREGATE_EVERY_MAX:
         raise DemoError(f"--aggregate-every must be from 0 to {AGGREGATE_EVERY_MAX}, got "
                         f"{o.aggregate_every}")
-    if o.aggregate_every and o.schedule != "1f1b":
+    if o.aggregate_every and synchronous(o.schedule):
         raise DemoError(f"--aggregate-every is for --schedule 1f1b (asynchronous), not "
                         f"{o.schedule}")
     with LocalTestbed(agents=o.agents, host=o.host, port=o.port, say=say) as testbed:

@@ -21,7 +21,7 @@ from orchestrator.errors import FormatError, PlanningError
 from orchestrator.events import FaultEvent as FaultRecord
 from orchestrator.events import TimelineEvent as TimelineRecord
 from orchestrator.events import parse_event, parse_fault
-from orchestrator.formats import SCHEDULES, parse_plan
+from orchestrator.formats import SCHEDULES, parse_plan, synchronous
 from orchestrator.formats import Plan as PlanDocument
 from orchestrator.partition import LEARNED, PLANNERS, run_planner
 from orchestrator.protocol import ProtocolError, StageSpec
@@ -85,8 +85,8 @@ def run_create(*, name: str, model_spec: ModelSpec, devices: Sequence[Device],
     takes the Run model's default (RUN_DEFAULTS). ``chain_every``, ``global_every``
     (replication) and ``repartition_every`` count batches, 0 turning each off;
     ``repartition_after``, ``lr`` and ``momentum`` (every stage's SGD), ``vertical_sync`` and
-    ``aggregate_every`` (asynchronous 1F1B's: kept but ignored under
-    gpipe and 1f1b-sync, and 0 there) are checked here
+    ``aggregate_every`` (asynchronous 1F1B's: kept but ignored under gpipe and 1f1b-sync, and
+    0 there) are checked here
     too since services are called without the API's validation (the run form, benches)."""
     if not devices:
         raise InvalidInput("devices", "must name at least one device")
@@ -116,7 +116,7 @@ def run_create(*, name: str, model_spec: ModelSpec, devices: Sequence[Device],
             or not 0 <= aggregate_every <= AGGREGATE_EVERY_MAX):
         raise InvalidInput("aggregate_every", f"must be an integer from 0 to "
                                               f"{AGGREGATE_EVERY_MAX} (in-flight windows)")
-    if aggregate_every and schedule != "1f1b":
+    if aggregate_every and synchronous(schedule):
         raise InvalidInput("aggregate_every", f"must be 0 under {schedule}: weight aggregation "
                                               "is for the stale weight versions of "
                                               "asynchronous 1f1b")
@@ -310,7 +310,7 @@ def spec_fields(*, run: Run, document: PlanDocument, cm: CostModel) -> dict[str,
         "two_lanes": inputs.two_lanes,
         "lr": run.lr, "momentum": run.momentum, "seed": run.pk,
         # 1F1B's answers to stale weights; GPipe has none (docs/architecture.md)
-        "vertical_sync": run.vertical_sync and run.schedule == "1f1b",
+        "vertical_sync": run.vertical_sync and not synchronous(run.schedule),
         "aggregate_every": run.aggregate_every,
         # replication points, in micro-batches applied (docs/architecture.md)
         "chain_every": run.chain_every * run.microbatches,

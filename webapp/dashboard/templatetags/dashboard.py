@@ -10,6 +10,8 @@ from django import template
 from django.utils import timezone
 from django.utils.timesince import timesince
 
+from orchestrator.formats import synchronous
+
 register = template.Library()
 
 
@@ -83,7 +85,7 @@ def schedule(run: Any) -> str:
     """A run's schedule with what it does against stale weights: ``1f1b, vertical sync,
     weight aggregation every 4 in-flight windows``; ``gpipe`` or ``1f1b-sync`` alone (they
     flush every batch and have no stale weights, so neither setting applies)."""
-    if run.schedule != "1f1b":
+    if synchronous(run.schedule):
         return str(run.schedule)
     parts = [run.schedule, "vertical sync" if run.vertical_sync else "no vertical sync"]
     if run.aggregate_every:
