@@ -116,7 +116,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         bandwidth_bps=None if args.bandwidth_mbps is None else args.bandwidth_mbps * 1e6 / 8,
         latency_s=args.latency_ms / 1e3, threads=args.threads,
         resources=parse_resources(args.resources) if args.resources else (),
-        warm_times_path=args.config.with_name(f"{args.config.stem}.warm-times.json"))
+        warm_times_path=args.config.with_name(f"{args.config.stem}.warm-times.json"),
+        data_keys_dir=args.config.with_name(f"{args.config.stem}.data-keys"))
     stop = threading.Event()
     runtime = AgentRuntime(config, stop=stop)
     for sig in (signal.SIGTERM, signal.SIGINT):

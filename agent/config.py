@@ -147,6 +147,9 @@ class AgentConfig:
     # where this machine's warm per-layer times are kept between runs of the agent (None: in
     # memory only), so that an emulated device paces by the times its profile was taken with
     warm_times_path: Path | None = None
+    # where the data plane's CURVE key pair is kept (agent.security; None: a new pair each
+    # start, which the server learns at hello like any other)
+    data_keys_dir: Path | None = None
     # emulated compute resources (--resources), reported in hello; () reports none: the
     # server plans the device as one resource at its measured speed
     resources: tuple[DeviceResource, ...] = ()

@@ -56,7 +56,7 @@ from agent.emulation import Slowdown
 from agent.fixedcosts import CostClock, FixedCosts
 from agent.optim import SGD
 from agent.sharing import Sharing
-from agent.transport import DataPlane, Message, encode_message
+from agent.transport import DataPlane
 from agent.versions import Aggregation, VersionError, WeightVersions
 from agent.weights import (
     Entry,
@@ -67,6 +67,7 @@ from agent.weights import (
     snapshot,
     state_refs,
 )
+from agent.wire import Message, encode_message
 from orchestrator.events import TimelineEvent
 from orchestrator.formats import LayerTimes, synchronous
 from orchestrator.protocol import ProtocolError, StageSpec
@@ -247,7 +248,7 @@ class StageExecutor(Sharing):
         self.round_ends = {a.microbatch for a in self.actions if a.kind == "G"}
         if any(member[0] == spec.device and member != spec.member for member in spec.group):
             # another stage of this device is in the group: its chunks go to this inbox
-            plane.connect(spec.device, plane.address)
+            plane.connect(spec.device, plane.address, plane.public_key)
 
     def set_slowdown(self, slowdown: float) -> None:
         """Emulate a device ``slowdown`` times slower from the next pass on; on two lanes each

@@ -21,7 +21,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from agent.transport import DataPlane, encode_message
+from agent.transport import DataPlane
+from agent.wire import encode_message
 
 
 def flatten(tensors: Sequence[torch.Tensor], dtype: torch.dtype | None = None) -> torch.Tensor:

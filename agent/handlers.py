@@ -233,7 +233,7 @@ class CommandHandlers:
     def measure(self, command: MeasureCommand) -> Ack:
         others = {uid: address for uid, address in command.peers.items() if uid != self.uid}
         for uid, address in others.items():
-            self.plane.connect(uid, address)
+            self.plane.connect(uid, address, command.keys[uid])
 
         def work() -> None:
             links = []

@@ -75,14 +75,15 @@ class Launcher:
         missing = sorted(neighbours(command) - set(command.peers))
         if missing:
             raise StageError(f"no data-plane address for neighbour {missing[0]}")
+        for uid, address in command.peers.items():  # and admit them: any may fetch weights
+            if uid != self.uid:
+                self.plane.connect(uid, address, command.keys[uid])
         if command.restore is None and spec.generation:
             raise StageError("a deployment of a later generation needs restore")
         data = self.dataset(spec.dataset)
         model = build_model(spec.model, input_shape=data.input_shape,
                             num_classes=data.num_classes, seed=spec.seed)
         module = model.stage(*spec.layers)
-        for peer in sorted(neighbours(command)):
-            self.plane.connect(peer, command.peers[peer])
         clock = Clock(started_at=command.started_at or 0.0, offset_s=self.connection.offset_s)
         # checkpoints and replicas are kept by run and layers: a run of several pipelines,
         # whose stages on one device may hold the same layers, keeps pipeline 0's only

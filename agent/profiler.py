@@ -263,13 +263,14 @@ def measure_message_cost(*, messages: int = 200, pause_s: float = 0.002,
     microseconds, which the overhead counts) and what the data plane's threads do meanwhile,
     which the link's measured latency covers. A stage's runs measure it again
     (agent.runtime: ``stage_done`` reports ``message_s``)."""
-    from agent.transport import DataPlane, encode_message
+    from agent.transport import DataPlane
+    from agent.wire import encode_message
 
     plane = DataPlane(bind="tcp://127.0.0.1:0", identity="self")
     tensor = torch.zeros(size_bytes // 4, dtype=torch.float32)
     spent = 0.0
     try:
-        plane.connect("self", plane.address)
+        plane.connect("self", plane.address, plane.public_key)
         for m in range(messages + 1):
             time.sleep(pause_s)
             begun = time.perf_counter()

@@ -37,6 +37,7 @@ from agent.deployments import Deployments
 from agent.handlers import CommandHandlers
 from agent.profiler import measure_message_cost, measure_overhead
 from agent.reporting import Reporter
+from agent.security import DataKeys, load_or_create_keys
 from agent.transport import DataPlane, Shaping
 from agent.warmtimes import WarmTimes
 from agent.weightservice import HttpReplicaServer, ReplicaServer, WeightService
@@ -92,6 +93,8 @@ class AgentRuntime:
         self.plane = DataPlane(
             bind=f"tcp://{config.data_host}:{config.data_port}", identity=self.uid,
             clock=self.connection.server_time,
+            keys=(DataKeys.generate() if config.data_keys_dir is None
+                  else load_or_create_keys(config.data_keys_dir)),
             shaping=Shaping(bandwidth_bps=config.bandwidth_bps, latency_s=config.latency_s),
             on_send=self.reporter.on_send, on_reject=self._on_reject,
             on_weights=lambda message: self.weights.on_weights(message))
@@ -149,7 +152,9 @@ class AgentRuntime:
     # ---- what the session asks of the agent (agent.connection.SessionAgent)
 
     def hello(self) -> Hello:
-        return Hello(data_address=self.advertised_address, hardware=hardware_description(),
+        return Hello(data_address=self.advertised_address,
+                     data_key=self.plane.public_key.decode("ascii"),
+                     hardware=hardware_description(),
                      overhead_s=min(10.0, self.overhead_s), message_s=min(10.0, self.message_s),
                      resources=self.config.resources or None)
 

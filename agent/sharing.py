@@ -15,8 +15,9 @@ from typing import Protocol
 import torch
 
 from agent.gradsync import flatten, ring_all_reduce, send_gradients, unflatten
-from agent.transport import DataPlane, Message, encode_message
+from agent.transport import DataPlane
 from agent.versions import WeightVersions
+from agent.wire import Message, encode_message
 from orchestrator.events import TimelineEvent
 from orchestrator.formats import synchronous
 from orchestrator.protocol import StageSpec

@@ -26,8 +26,6 @@ import torch
 
 from agent.config import Enrolment
 from agent.executor import StageError
-from agent.transport import Message as DataMessage
-from agent.transport import encode
 from agent.weights import (
     Entry,
     Tensors,
@@ -38,6 +36,8 @@ from agent.weights import (
     load_layer_state,
     to_bytes,
 )
+from agent.wire import Message as DataMessage
+from agent.wire import encode
 from orchestrator.protocol import (
     ChainReplica,
     FetchReply,
@@ -59,7 +59,7 @@ SELF = "self"
 class Plane(Protocol):
     """What the weight service uses of the data plane (agent.transport.DataPlane)."""
 
-    def connect(self, peer: str, address: str) -> None: ...
+    def repoint(self, peer: str, address: str) -> None: ...
 
     def send(self, peer: str, frames: list[bytes]) -> None: ...
 
@@ -200,11 +200,10 @@ class WeightService:
                 if part.source == CENTRAL:
                     data, where = self.server.get(spec.run, first, last, applied), "the server"
                 else:
-                    address = peers.get(part.source)
-                    if address is None:
+                    if part.source not in peers:
                         raise StageError(f"restore[{i}]: no data-plane address for "
                                          f"{part.source}")
-                    data = self.fetch(spec.run, part.source, address, (first, last), applied)
+                    data = self.fetch(spec.run, part.source, (first, last), applied)
                     where = part.source
                 try:
                     got = from_bytes(data, first=first, last=last)
@@ -221,10 +220,9 @@ class WeightService:
                  spec.run, spec.generation, spec.layers[0], spec.layers[1], applied, moved)
         return Restored(tensors, moved)
 
-    def fetch(self, run: int, peer: str, address: str, layers: tuple[int, int],
-              applied: int) -> bytes:
-        """Ask ``peer`` for layers at ``applied`` over the data plane; its safetensors bytes."""
-        self.plane.connect(peer, address)
+    def fetch(self, run: int, peer: str, layers: tuple[int, int], applied: int) -> bytes:
+        """Ask ``peer`` (a peer the data plane knows: the deployment connected it) for layers
+        at ``applied`` over the data plane; its safetensors bytes."""
         request = WeightFetch(next(self._tokens), layers, self.uid, self.reply_to())
         self.plane.send(peer, encode(run=run, kind="weights", microbatch=applied, version=0,
                                      tensor=blob_tensor(b""), name=request.to_name()))
@@ -289,7 +287,12 @@ class WeightService:
                                       tensors=tensors, pinned=True,
                                       generation=message.header.version))
         elif isinstance(name, WeightFetch):
-            self.plane.connect(name.requester, name.reply_to)
+            if name.requester != message.sender:
+                raise ProtocolError(f"a fetch naming {name.requester!r} came from "
+                                    f"{message.sender or 'an unknown peer'}", field="name")
+            # its address now (a restarted agent binds anew), its key as the server gave it:
+            # only the requester can read the answer
+            self.plane.repoint(name.requester, name.reply_to)
             first, last = name.layers
             with self._lock:
                 store = self._stores.get(run)

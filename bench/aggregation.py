@@ -114,7 +114,7 @@ def train(dataset: Dataset, *, model: str = "mlp", stages: int = 4, epochs: floa
     for k, plane in enumerate(planes):
         for j, peer in enumerate(planes):
             if j != k:
-                plane.connect(devices[j], peer.address)
+                plane.connect(devices[j], peer.address, peer.public_key)
     clock = Clock(started_at=time.time())
     metrics: list[Metric] = []
     results: list[StageResult | None] = [None] * stages

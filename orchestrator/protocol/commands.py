@@ -18,7 +18,7 @@ from orchestrator.protocol.fields import (
     number,
     text,
 )
-from orchestrator.protocol.records import PEERS, Message, R, RestorePart, wire
+from orchestrator.protocol.records import KEYS, PEERS, Message, R, RestorePart, wire
 from orchestrator.protocol.stagespec import StageSpec
 
 
@@ -28,6 +28,14 @@ def _stage_spec(raw: Any, name: str) -> StageSpec:
     except ProtocolError as exc:
         where = name if exc.field is None else f"{name}.{exc.field}"
         raise ProtocolError(f"{name}.{exc}", field=where, reason=exc.reason) from None
+
+
+def keys_for_peers(peers: Mapping[str, str], keys: Mapping[str, str]) -> None:
+    """Every peer comes with its data plane's CURVE public key (an agent refuses to send to
+    a peer it cannot authenticate, and to receive from one it was not told of)."""
+    missing = sorted(set(peers) - set(keys))
+    if missing:
+        raise fail(f"keys.{missing[0]}", "is missing: every peer needs its public key")
 
 
 def new_command_id() -> str:
@@ -77,6 +85,7 @@ class DeployCommand(Command):
     run: int = wire(integer())
     spec: StageSpec = wire(_stage_spec)  # noqa: RUF009 (a dataclasses.field)
     peers: Mapping[str, str] = wire(PEERS, factory=dict)
+    keys: Mapping[str, str] = wire(KEYS, factory=dict)  # each peer's CURVE public key
     started_at: float | None = wire(number(), None)
     restore: tuple[RestorePart, ...] | None = wire(
         items(RestorePart.reader(), maximum=MAX_LAYER), None)
@@ -84,6 +93,7 @@ class DeployCommand(Command):
     def check(self) -> None:
         if self.spec.run != self.run:
             raise fail("spec.run", f"is not the command's run {self.run}", self.spec.run)
+        keys_for_peers(self.peers, self.keys)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,6 +154,10 @@ class MeasureCommand(Command):
 
     NAME = "measure"
     peers: Mapping[str, str] = wire(PEERS)
+    keys: Mapping[str, str] = wire(KEYS, factory=dict)  # each peer's CURVE public key
+
+    def check(self) -> None:
+        keys_for_peers(self.peers, self.keys)
 
 
 @dataclass(frozen=True, kw_only=True)

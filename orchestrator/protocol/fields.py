@@ -164,6 +164,17 @@ def address(raw: Any, name: str) -> str:
     return cast(str, raw)
 
 
+_CURVE_KEY = re.compile(r"[0-9a-zA-Z.:+=^!/*?&<>()\[\]{}@%$#-]{40}")
+
+
+def curve_key(raw: Any, name: str) -> str:
+    """A ZeroMQ CURVE public key in Z85: 40 characters of its alphabet (32 bytes)."""
+    if not isinstance(raw, str) or not _CURVE_KEY.fullmatch(raw):
+        raise fail(name, "must be a CURVE public key: 40 characters of Z85",
+                   raw if isinstance(raw, str) and len(raw) <= MAX_NAME else None)
+    return raw
+
+
 _SLUG = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _KIND = re.compile(r"[a-z][a-z0-9_]{0,15}")
 

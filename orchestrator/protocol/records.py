@@ -15,6 +15,7 @@ from orchestrator.protocol.fields import (
     MAX_RESOURCES,
     Reader,
     address,
+    curve_key,
     fail,
     integer,
     items,
@@ -215,6 +216,7 @@ class MetricSample(_Record):
 
 
 PEERS = mapping(slug, address, maximum=MAX_PEERS)
+KEYS = mapping(slug, curve_key, maximum=MAX_PEERS)  # each peer's data-plane CURVE public key
 
 
 # ---- messages: a "type", then fields

@@ -16,6 +16,7 @@ from orchestrator.protocol.fields import (
     MAX_TEXT,
     ProtocolError,
     address,
+    curve_key,
     fail,
     flag,
     integer,
@@ -43,11 +44,12 @@ from orchestrator.protocol.records import (
 
 @dataclass(frozen=True, kw_only=True)
 class Hello(Message):
-    """The first message of a connection: the agent's data plane, its hardware, its measured
-    fixed costs and, when it emulates several, its compute resources."""
+    """The first message of a connection: the agent's data plane (where, and its public key),
+    its hardware, its measured fixed costs and, when it emulates several, its compute resources."""
 
     TYPE = "hello"
     data_address: str = wire(address)
+    data_key: str = wire(curve_key)  # the data plane's CURVE public key (Z85)
     hardware: Mapping[str, Any] | None = wire(json_object(), None)
     overhead_s: float | None = wire(seconds(10), None)
     message_s: float | None = wire(seconds(10), None)

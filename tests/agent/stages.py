@@ -26,5 +26,5 @@ def connected_planes(devices: Sequence[str]) -> dict[str, DataPlane]:
     for d in devices:
         for peer in devices:
             if peer != d:
-                planes[d].connect(peer, planes[peer].address)
+                planes[d].connect(peer, planes[peer].address, planes[peer].public_key)
     return planes

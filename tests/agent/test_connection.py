@@ -22,6 +22,8 @@ from tests.agent.test_runtime import ENROLMENT, spec
 
 CONFIG = AgentConfig(enrolment=ENROLMENT, heartbeat_s=0.05, flush_s=0.01, max_backoff_s=0.05)
 
+KEY = 'Yne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hID'  # a peer's CURVE public key (Z85)
+
 
 def connect_through(servers: asyncio.Queue[FakeServer]
                     ) -> Callable[[AgentConfig], Any]:
@@ -77,7 +79,8 @@ def test_a_session_says_hello_syncs_its_clock_and_answers_commands() -> None:
                                    "in_reply_to": "events"})  # logged, nothing else
         await server.channel.send({"type": "command", "id": "d2", "command": "deploy",
                                    "run": 7, "spec": spec(),
-                                   "peers": {"edge-other": "tcp://127.0.0.1:9"}})
+                                   "peers": {"edge-other": "tcp://127.0.0.1:9"},
+                                   "keys": {"edge-other": KEY}})
         deployed = await server.expect("ack", id="d2")
         return hello, link, heartbeat, probe, teleport, deploy, deployed, runtime
 

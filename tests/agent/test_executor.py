@@ -33,7 +33,7 @@ def run_pipeline(layers: Sequence[tuple[int, int]], *, schedule: str, microbatch
     for d in devices:
         for peer in devices:
             if peer != d:
-                planes[d].connect(peer, planes[peer].address)
+                planes[d].connect(peer, planes[peer].address, planes[peer].public_key)
     events: list[TimelineEvent] = []
     metrics: list[Metric] = []
     done: dict[str, list[int]] = {}
@@ -136,7 +136,7 @@ def test_a_silent_neighbour_fails_the_stage_with_a_clear_error() -> None:
     plane = DataPlane(bind="tcp://127.0.0.1:0")
     peer = DataPlane(bind="tcp://127.0.0.1:0")
     try:
-        plane.connect("a", peer.address)
+        plane.connect("a", peer.address, peer.public_key)
         net = build_model("mlp", input_shape=(1, 8, 8), num_classes=10)
         executor = StageExecutor(spec(device="b", stage=1, layers=(2, 3), receive_timeout_s=0.3),
                                  module=net.stage(2, 3), plane=plane, clock=Clock(time.time()))
@@ -195,8 +195,8 @@ def two_stage_fixed_costs(extra_s: tuple[float, float], warm: LayerTimes, *,
     net = build_model("mlp", input_shape=DIGITS.input_shape, num_classes=10)
     devices = ("d0", "d1")
     planes = {d: DataPlane(bind="tcp://127.0.0.1:0") for d in devices}
-    planes["d0"].connect("d1", planes["d1"].address)
-    planes["d1"].connect("d0", planes["d0"].address)
+    planes["d0"].connect("d1", planes["d1"].address, planes["d1"].public_key)
+    planes["d1"].connect("d0", planes["d0"].address, planes["d0"].public_key)
     clock = Clock(started_at=time.time())
     executors = []
     for k, layers in enumerate(((0, 1), (2, 3))):

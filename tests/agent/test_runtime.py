@@ -36,6 +36,8 @@ from tests.conftest import ROOT
 ENROLMENT = Enrolment(server="http://127.0.0.1:1", uid="edge-abc123", key="dk_secret",
                       name="edge")
 
+KEY = 'Yne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hID'  # a peer's CURVE public key (Z85)
+
 
 @pytest.fixture
 def runtime() -> Any:
@@ -76,7 +78,8 @@ def posted(runtime: AgentRuntime, kind: str) -> list[dict[str, Any]]:
      "this agent is device edge-abc123; the stage is for edge-zzz"),
     (command("deploy", run=7, spec=spec(), peers={}),
      "no data-plane address for neighbour edge-other"),
-    (command("deploy", run=7, spec=spec(model="resnet999"), peers={"edge-other": "tcp://x:1"}),
+    (command("deploy", run=7, spec=spec(model="resnet999"), peers={"edge-other": "tcp://x:1"},
+             keys={"edge-other": KEY}),
      "unknown model 'resnet999'"),
     (command("deploy", run=7, spec={"run": 7}, peers={}),
      "malformed deploy: spec.device: is missing from the stage spec"),
@@ -91,12 +94,14 @@ def test_commands_it_cannot_carry_out_are_refused_and_change_nothing(
 
 def test_a_deployed_stage_is_held_until_stopped(runtime: AgentRuntime) -> None:
     ack = runtime.handle_command(command("deploy", run=7, spec=spec(),
-                                         peers={"edge-other": "tcp://127.0.0.1:9"}))
+                                         peers={"edge-other": "tcp://127.0.0.1:9"},
+                                   keys={"edge-other": KEY}))
     assert ack.to_json() == {"type": "ack", "id": "c1", "command": "deploy", "run": 7,
                              "ok": True, "generation": 0}
     assert 7 in runtime.deployments
     again = runtime.handle_command(command("deploy", run=7, spec=spec(),
-                                           peers={"edge-other": "tcp://127.0.0.1:9"}))
+                                           peers={"edge-other": "tcp://127.0.0.1:9"},
+                                   keys={"edge-other": KEY}))
     assert again.ok is False and again.error and "already deployed" in again.error
     assert runtime.handle_command(command("pause", run=7)).ok
     assert not held(runtime, 7).running.is_set()
@@ -113,7 +118,8 @@ def test_a_deployed_stage_s_model_and_data_are_left_out_of_full_collections(
     gc.unfreeze()
     try:
         ack = runtime.handle_command(command("deploy", run=7, spec=spec(),
-                                             peers={"edge-other": "tcp://127.0.0.1:9"}))
+                                             peers={"edge-other": "tcp://127.0.0.1:9"},
+                                   keys={"edge-other": KEY}))
         assert ack.ok
         module = held(runtime, 7).executor.module
         assert gc.get_freeze_count() > 0
@@ -349,10 +355,11 @@ import threading
 from agent.config import AgentConfig, Enrolment
 from agent.deployments import Deployment
 from agent.runtime import AgentRuntime
-from tests.agent.test_runtime import ENROLMENT, command, spec
+from tests.agent.test_runtime import ENROLMENT, KEY, command, spec
 agent = AgentRuntime(AgentConfig(enrolment=ENROLMENT), stop=threading.Event())
 ack = agent.handle_command(command("deploy", run=7, spec=spec(),
-                                   peers={"edge-other": "tcp://127.0.0.1:9"}))
+                                   peers={"edge-other": "tcp://127.0.0.1:9"},
+                                   keys={"edge-other": KEY}))
 assert ack.ok, ack
 agent.close()
 print("closed")

@@ -8,19 +8,18 @@ import time
 
 import pytest
 import torch
-import zmq
 
-from agent.transport import (
-    DataPlane,
-    Header,
-    SendRecord,
-    Shaping,
+from agent.security import DataKeys
+from agent.transport import DataPlane, SendRecord, Shaping
+from agent.wire import (
+    Message,
     TransportError,
     decode,
     encode,
     encode_message,
     parse_header,
 )
+from tests.agent.planes import curve_socket, link
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64,
@@ -101,14 +100,15 @@ def test_plane_delivers_and_keeps_bad_messages_out() -> None:
     a = DataPlane(bind="tcp://127.0.0.1:0")
     b = DataPlane(bind="tcp://127.0.0.1:0", on_reject=rejected.append)
     try:
-        a.connect("b", b.address)
+        link(a, b)
         tensor = torch.arange(12, dtype=torch.float32).reshape(3, 4)
         a.send("b", encode(run=1, kind="gradient", microbatch=3, version=2, tensor=tensor))
         got = b.receive(1, "gradient", 3, timeout_s=5)
         assert torch.equal(got.tensor, tensor)
         # a raw peer sending garbage: rejected, logged, nothing lands in the inbox
-        raw = zmq.Context.instance().socket(zmq.PUSH)
-        raw.connect(b.address)
+        raw_keys = DataKeys.generate()
+        b.connect("raw", "tcp://127.0.0.1:9", raw_keys.public)
+        raw = curve_socket(raw_keys, b)
         raw.send_multipart([header(), PAYLOAD[:3]])
         raw.send_multipart([b"junk"])
         deadline = time.monotonic() + 5
@@ -131,7 +131,7 @@ def test_a_peer_that_comes_back_on_another_address_is_sent_to_there() -> None:
     a = DataPlane(bind="tcp://127.0.0.1:0")
     old = DataPlane(bind="tcp://127.0.0.1:0")
     try:
-        a.connect("b", old.address)
+        link(a, old)
         a.send("b", encode(run=1, kind="gradient", microbatch=0, version=0,
                            tensor=torch.ones(2)))
         assert old.receive(1, "gradient", 0, timeout_s=5).tensor.sum().item() == 2
@@ -139,7 +139,7 @@ def test_a_peer_that_comes_back_on_another_address_is_sent_to_there() -> None:
         old.close()
     new = DataPlane(bind="tcp://127.0.0.1:0")
     try:
-        a.connect("b", new.address)
+        link(a, new)
         a.send("b", encode(run=1, kind="gradient", microbatch=1, version=0,
                            tensor=torch.ones(3)))
         assert new.receive(1, "gradient", 1, timeout_s=5).tensor.sum().item() == 3
@@ -155,7 +155,7 @@ def test_a_late_message_of_another_run_is_never_taken_for_this_runs() -> None:
     a = DataPlane(bind="tcp://127.0.0.1:0")
     b = DataPlane(bind="tcp://127.0.0.1:0")
     try:
-        a.connect("b", b.address)
+        link(a, b)
         stale, fresh = torch.zeros(32, 128), torch.ones(32, 16, 4, 4)
         a.send("b", encode(run=6, kind="activation", microbatch=86, version=0, tensor=stale,
                            name="g0"))
@@ -180,7 +180,7 @@ def test_shaping_emulates_a_slow_link() -> None:
                   on_send=sends.append)
     b = DataPlane(bind="tcp://127.0.0.1:0")
     try:
-        a.connect("b", b.address)
+        link(a, b)
         tensor = torch.zeros(50_000, dtype=torch.uint8)  # 50 kB at 1 MB/s = 50 ms + 50 ms
         started = time.monotonic()
         for m in range(3):
@@ -202,8 +202,8 @@ def test_links_are_measured_over_the_data_plane() -> None:
                      shaping=Shaping(bandwidth_bps=4_000_000, latency_s=0.02))
     fast = DataPlane(bind="tcp://127.0.0.1:0", identity="fast")
     try:
-        slow.connect("fast", fast.address)
-        fast.connect("slow", slow.address)
+        slow.connect("fast", fast.address, fast.public_key)
+        fast.connect("slow", slow.address, slow.public_key)
         bandwidth, latency = slow.measure_link("fast", bulk_bytes=1_000_000)
         # the shaped 4 MB/s line dominates the loopback; its 20 ms delay the ping only, so the
         # symmetric estimate (half the round trip) is about 10 ms
@@ -213,11 +213,11 @@ def test_links_are_measured_over_the_data_plane() -> None:
         assert back_bandwidth > 4 * bandwidth  # only the pong is shaped on the way back
         # a ping from a peer it does not know is refused, not answered
         stranger = DataPlane(bind="tcp://127.0.0.1:0", identity="stranger")
-        stranger.connect("fast", fast.address)
+        stranger.connect("fast", fast.address, fast.public_key)
         with pytest.raises(TimeoutError):
             stranger.measure_link("fast", pings=1, timeout_s=0.5)
         stranger.close()
-        assert fast.rejected == 1
+        assert fast.authenticator.refused >= 1 and fast.rejected == 0
     finally:
         slow.close()
         fast.close()
@@ -229,16 +229,16 @@ def test_a_bulk_round_trip_slowed_by_a_stall_does_not_set_the_bandwidth() -> Non
     answer = b._answer_ping
     answered: list[int] = []
 
-    def stalled(sender: str, header: Header) -> None:
-        answered.append(header.microbatch)
+    def stalled(sender: str, message: Message) -> None:
+        answered.append(message.header.microbatch)
         if len(answered) == 9:  # the first bulk trip, after 8 pings (as a busy core would)
             time.sleep(0.25)
-        answer(sender, header)
+        answer(sender, message)
 
     b._answer_ping = stalled  # type: ignore[method-assign]
     try:
-        a.connect("b", b.address)
-        b.connect("a", a.address)
+        a.connect("b", b.address, b.public_key)
+        b.connect("a", a.address, a.public_key)
         bandwidth, _ = a.measure_link("b", pings=8, bulk_bytes=1_000_000)
         assert len(answered) == 8 + 4  # four bulk trips on a fast link
         assert bandwidth > 50e6  # loopback: the stalled trip alone read under 4 MB/s
@@ -255,7 +255,7 @@ def test_a_send_with_its_header_reports_that_header_and_delivers() -> None:
     a = DataPlane(bind="tcp://127.0.0.1:0", on_send=sent.append)
     b = DataPlane(bind="tcp://127.0.0.1:0")
     try:
-        a.connect("b", b.address)
+        link(a, b)
         tensor = torch.ones(2, 3)
         header, frames = encode_message(run=4, kind="activation", microbatch=9, version=1,
                                         tensor=tensor, name="g0", sent_at=12.5)

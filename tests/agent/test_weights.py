@@ -108,7 +108,7 @@ def train(layers: Sequence[tuple[int, int]], *, microbatches: int, first_microba
     for d in devices:
         for peer in devices:
             if peer != d:
-                planes[d].connect(peer, planes[peer].address)
+                planes[d].connect(peer, planes[peer].address, planes[peer].public_key)
     stores = [WeightStore() for _ in layers]
     updated: list[list[int]] = [[] for _ in layers]
     errors: list[BaseException] = []
@@ -197,8 +197,8 @@ def test_stage_0_s_backward_timer_suspects_a_device_that_stops_answering() -> No
     net = mlp()
     devices = ("d0", "d1")
     planes = {d: DataPlane(bind="tcp://127.0.0.1:0") for d in devices}
-    planes["d0"].connect("d1", planes["d1"].address)
-    planes["d1"].connect("d0", planes["d0"].address)
+    planes["d0"].connect("d1", planes["d1"].address, planes["d1"].public_key)
+    planes["d1"].connect("d0", planes["d0"].address, planes["d0"].public_key)
     stops = {d: threading.Event() for d in devices}
     suspects: list[tuple[int, float]] = []
     clock = Clock(started_at=time.time())

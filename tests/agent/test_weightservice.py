@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from agent.executor import StageError
-from agent.transport import Message, decode
 from agent.weights import (
     Entry,
     WeightStore,
@@ -24,6 +23,7 @@ from agent.weights import (
     to_bytes,
 )
 from agent.weightservice import WeightService
+from agent.wire import Message, decode
 from agent.zoo import build_model
 from orchestrator.protocol import HeldCopy, ProtocolError, RestorePart, StageSpec
 
@@ -49,12 +49,12 @@ class Plane:
         self.network, self.uid = network, uid
         self.connected: dict[str, str] = {}
 
-    def connect(self, peer: str, address: str) -> None:
+    def repoint(self, peer: str, address: str) -> None:
         self.connected[peer] = address
 
     def send(self, peer: str, frames: list[bytes]) -> None:
         assert peer in self.connected or peer in self.network.services, peer
-        message = decode(frames)
+        message = decode(frames, sender=self.uid)  # as the receiver's authenticator names it
         name = message.header.name or ""
         self.network.sent.append((self.uid, peer, name))
         if name.startswith("fetched:"):
@@ -190,8 +190,8 @@ def test_nothing_to_restore_before_anything_was_trained(network: Any) -> None:
 
 
 def test_a_malformed_weights_message_is_refused_by_name(network: Any) -> None:
-    from agent.transport import encode
     from agent.weights import blob_tensor
+    from agent.wire import encode
 
     net, _, _ = network
     for name in ("pickle:0", "fetch:1:0-1:a=http://x:1", "fetched:3"):
@@ -200,6 +200,25 @@ def test_a_malformed_weights_message_is_refused_by_name(network: Any) -> None:
         with pytest.raises(ProtocolError):
             net.services["b"].on_weights(decode(frames))
     assert net.services["b"].holdings(1) == ()
+
+
+def test_a_fetch_is_answered_only_to_the_peer_that_sent_it(network: Any) -> None:
+    # a peer that names another device as the requester (with its own address to reply to)
+    # re-pointed that device's link and received its weights; the data plane's authenticator
+    # says who sent a message, and a fetch must come from the device it names
+    from agent.weights import blob_tensor
+    from agent.wire import encode
+
+    net, _, _ = network
+    a, b = net.services["a"], net.services["b"]
+    a.replicate(spec("a", 0, (0, 1)), 8, weights_of(stage_module(0, 1, 1), 0), chain=True,
+                central=False)
+    sent_before = list(net.sent)
+    frames = encode(run=1, kind="weights", microbatch=8, version=0, tensor=blob_tensor(b""),
+                    name="fetch:5:0-1:a=tcp://10.6.6.6:6666")
+    with pytest.raises(ProtocolError, match="a fetch naming 'a' came from mallory"):
+        b.on_weights(decode(frames, sender="mallory"))
+    assert net.sent == sent_before and "a" not in b.plane.connected  # type: ignore[attr-defined]
 
 
 def test_uploads_go_oldest_first(network: Any) -> None:

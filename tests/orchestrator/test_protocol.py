@@ -59,6 +59,8 @@ from orchestrator.protocol import (
     parse_weight_name,
 )
 
+KEY = 'Yne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hID'  # a CURVE public key (Z85)
+
 SPEC = StageSpec(run=7, device="a", stage=0, layers=(0, 1), model="mlp", dataset="digits",
                  batch_size=8, schedule="1f1b", stage_devices=(("a",), ("b",)),
                  stage_times_s=((1.0,), (1.0,)), microbatches=4)
@@ -67,19 +69,23 @@ EXAMPLES: list[Any] = [
     # commands
     ProfileCommand(id="c1", model="mlp", dataset="digits", batch_size=16),
     DeployCommand(id="c2", run=7, spec=SPEC, peers={"b": "tcp://10.0.0.2:5601"},
+                  keys={"b": KEY},
                   started_at=1.5e9, restore=(RestorePart(layers=(0, 1), applied=8,
                                                          source="central", device="a",
                                                          kind="central", bytes=100),)),
-    DeployCommand(id="c2b", run=7, spec=SPEC, peers={"b": "tcp://10.0.0.2:5601"}),
+    DeployCommand(id="c2b", run=7, spec=SPEC, peers={"b": "tcp://10.0.0.2:5601"},
+                  keys={"b": KEY}),
     StartCommand(id="c3", run=7, started_at=1.5e9, generation=1, begin_at=1.5e9 + 2,
                  paused=True),
     PauseCommand(id="c4", run=7), ResumeCommand(id="c5", run=7, generation=2),
     StopCommand(id="c6", run=7), ProbeCommand(id="c7", run=7),
     HaltCommand(id="c8", run=7, generation=3),
-    MeasureCommand(id="c9", peers={"a": "tcp://127.0.0.1:1", "b": "tcp://[::1]:2"}),
+    MeasureCommand(id="c9", peers={"a": "tcp://127.0.0.1:1", "b": "tcp://[::1]:2"},
+                   keys={"a": KEY, "b": KEY}),
     EmulateCommand(id="c10", slowdown=2.5), ExitCommand(id="c11"),
     # the agent's messages
-    Hello(data_address="tcp://127.0.0.1:5601", hardware={"cpus": 4}, overhead_s=0.001,
+    Hello(data_address="tcp://127.0.0.1:5601", data_key=KEY, hardware={"cpus": 4},
+          overhead_s=0.001,
           message_s=0.0002, resources=(DeviceResource(kind="cpu", speed=1, backward_speed=0.5),
                                        DeviceResource(kind="gpu", speed=2, backward_speed=4))),
     Ping(id=3), Heartbeat(status="busy", load={"loadavg_1m": 0.5}),
@@ -109,6 +115,7 @@ EXAMPLES: list[Any] = [
     Stored(run=7, timeline=1, faults=0, metrics=2), ProfileStored(model_spec=3),
     LinksStored(count=1),
 ]
+
 
 
 @pytest.mark.parametrize("message", EXAMPLES, ids=lambda m: type(m).__name__)
@@ -143,7 +150,7 @@ def test_optional_fields_are_left_out_and_null_means_absent() -> None:
 
 
 def hello(**fields: Any) -> dict[str, Any]:
-    return {"type": "hello", "data_address": "tcp://127.0.0.1:5601", **fields}
+    return {"type": "hello", "data_address": "tcp://127.0.0.1:5601", "data_key": KEY, **fields}
 
 
 def command(name: str, **fields: Any) -> dict[str, Any]:
@@ -224,6 +231,9 @@ def test_a_malformed_agent_message_is_refused_naming_the_field(raw: Any, field: 
     (command("halt", run=7), "generation", "is missing"),
     (command("emulate", slowdown=0.5), "slowdown", "at least 1 and at most 1000"),
     (command("measure", peers=[]), "peers", "must be a JSON object"),
+    (command("measure", peers={"b": "tcp://x:1"}), "keys.b", "every peer needs its public key"),
+    (command("measure", peers={"b": "tcp://x:1"}, keys={"b": "not-a-key"}), "keys.b",
+     "must be a CURVE public key"),
     (command("profile", model="mlp", batch_size=0), "batch_size", "from 1"),
 ])
 def test_a_malformed_command_is_refused_naming_the_field(raw: Any, field: str,
@@ -239,7 +249,7 @@ def test_commands_built_in_code_obey_the_same_rules() -> None:
     with pytest.raises(ProtocolError, match=r"spec\.run: is not the command's run 8"):
         DeployCommand(run=8, spec=SPEC)
     with pytest.raises(ProtocolError, match="resources: must be a list of 1 to 8"):
-        Hello(data_address="tcp://a:1", resources=())
+        Hello(data_address="tcp://a:1", data_key=KEY, resources=())
 
 
 def test_records_are_read_once_and_built_ones_still_checked() -> None:

@@ -7,6 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 import factory
+import zmq
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 from factory.django import DjangoModelFactory
@@ -57,6 +58,10 @@ class EnrollmentTokenFactory(DjangoModelFactory):
             obj.save(update_fields=["prefix", "token_digest"])
 
 
+# a CURVE public key (Z85), for an agent's hello
+DATA_KEY = 'Yne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hID'
+
+
 class DeviceFactory(DjangoModelFactory):
     """A device whose key is ``device.key`` (pass ``key=...`` to choose it)."""
 
@@ -72,6 +77,7 @@ class DeviceFactory(DjangoModelFactory):
     last_heartbeat_at = factory.LazyFunction(timezone.now)
     # a connected agent's data plane (runs deploy only to devices with one)
     data_address = factory.Sequence(lambda n: f"tcp://127.0.0.1:{20000 + n}")
+    data_key = factory.LazyFunction(lambda: zmq.curve_keypair()[0].decode("ascii"))
     key_hash = ""
 
     @factory.post_generation

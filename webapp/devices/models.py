@@ -77,6 +77,10 @@ class Device(models.Model):
         max_length=200, blank=True,
         help_text="where the agent receives tensors from its neighbours (tcp://host:port), as it "
                   "said when it last connected")
+    data_key = models.CharField(
+        max_length=40, blank=True,
+        help_text="the public CURVE key of the agent's data plane (Z85), as it said when it last "
+                  "connected; its peers admit and encrypt to this key only")
     control_channel = models.CharField(
         max_length=200, blank=True, editable=False,
         help_text="the Channels name of the agent's current control connection")

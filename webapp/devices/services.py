@@ -243,17 +243,24 @@ def device_emulate(*, device: Device, slowdown: float) -> Command:
     return command
 
 
+def data_peers(devices: Sequence[Device]) -> tuple[dict[str, str], dict[str, str]]:
+    """The data-plane ``peers`` (uid: address) and ``keys`` (uid: CURVE public key) a command
+    gives an agent, of those of ``devices`` whose agent said both when it connected."""
+    usable = [d for d in devices if d.data_address and d.data_key]
+    return ({d.uid: d.data_address for d in usable}, {d.uid: d.data_key for d in usable})
+
+
 def device_links_measure(*, devices: Sequence[Device]) -> list[str]:
     """Ask every connected device among ``devices`` to measure its links to the others over the
     data plane; returns the uids asked. The measurements arrive as DeviceLink rows."""
-    connected = [d for d in devices if d.control_channel and d.data_address
+    connected = [d for d in devices if d.control_channel and d.data_address and d.data_key
                  and d.status != Device.Status.RETIRED]
     if len(connected) < 2:
         raise Conflict(f"{len(connected)} of these devices have an agent connected; measuring "
                        "links needs two", state="offline", action="measure links")
-    peers = {d.uid: d.data_address for d in connected}
+    peers, keys = data_peers(connected)
     for device in connected:
-        device_command_send(uid=device.uid, command=MeasureCommand(peers=peers))
+        device_command_send(uid=device.uid, command=MeasureCommand(peers=peers, keys=keys))
     return [d.uid for d in connected]
 
 

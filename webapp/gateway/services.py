@@ -87,9 +87,10 @@ def agent_disconnected(*, device_id: int, channel: str) -> bool:
 
 def _hello(device: Device, message: Hello) -> Reply:
     device.data_address = message.data_address
+    device.data_key = message.data_key
     # its emulated compute resources (--resources): said anew at each hello, none without
     device.resources = [r.to_json() for r in message.resources or ()]
-    fields = ["data_address", "resources"]
+    fields = ["data_address", "data_key", "resources"]
     for name in ("overhead_s", "message_s"):  # the agent's measured fixed costs
         value = getattr(message, name)
         if value is not None:

@@ -54,6 +54,7 @@ from orchestrator.recovery import (
 from orchestrator.redistribution import redistribute_weights
 from webapp.devices.commands import command_build, device_command_send
 from webapp.devices.models import Device
+from webapp.devices.services import data_peers
 from webapp.runs import replicas
 from webapp.runs.models import Generation, Run, RunDevice, TimelineEvent
 from webapp.runs.selectors import run_planning_inputs
@@ -351,7 +352,7 @@ def _replan(run: Run) -> Run:
         "predicted_throughput_sps": None if predicted is None else predicted.throughput_sps,
         "resume_microbatch": restore.resume, **recovery.get("decision", {})})
     specs = spec_fields(run=run, document=plan, cm=cm)
-    peers = {rd.device.uid: rd.device.data_address for rd in candidates}
+    peers, keys = data_peers([rd.device for rd in candidates])
     staged = set(specs)
     for rd in RunDevice.objects.filter(run=run).select_related("device"):
         spec = specs.get(rd.device.uid)
@@ -366,7 +367,8 @@ def _replan(run: Run) -> Run:
     for uid, spec in specs.items():
         spec = replace(spec, generation=generation, first_microbatch=restore.resume)
         device_command_send(uid=uid, command=command_build(
-            "deploy", run=run.pk, spec=spec.to_json(), peers=peers, started_at=started_at,
+            "deploy", run=run.pk, spec=spec.to_json(), peers=peers, keys=keys,
+            started_at=started_at,
             restore=[p.to_json() for p in restore.parts_of(uid)]))
     recovery.update({
         "replanned_wall": time.time(), "resume": restore.resume,

@@ -30,6 +30,7 @@ from webapp.common.exceptions import Conflict, InvalidInput, distinct_choices
 from webapp.devices.commands import command_build, device_command_send
 from webapp.devices.models import Device, LayerProfile, ModelSpec
 from webapp.devices.selectors import planning_costs
+from webapp.devices.services import data_peers
 from webapp.runs import events, selectors
 from webapp.runs.models import (
     AGGREGATE_EVERY_MAX,
@@ -334,11 +335,13 @@ def _deploy(run: Run, plan: Plan) -> Run:
         return _fail(run, f"the plan uses device {absent[0]}, which is not in the run")
     for uid in specs:
         d = run_devices[uid].device
-        if d.status not in ACTIVE_DEVICE or not d.data_address:
+        if d.status not in ACTIVE_DEVICE or not d.data_address or not d.data_key:
             why = f"is {d.status}" if d.status not in ACTIVE_DEVICE else "has no agent connected"
             return _fail(run, f"device {d.name!r} ({d.uid}) {why}: start its agent "
                               "(python -m agent run) and start the run again", device=uid)
-    peers = {uid: run_devices[uid].device.data_address for uid in specs}
+    # every device of the run, not only the plan's: a recovering stage may fetch weights
+    # from any of them, and each admits only the keys it was given
+    peers, keys = data_peers([rd.device for rd in run_devices.values()])
     for uid, rd in run_devices.items():
         spec = specs.get(uid)
         rd.stage = None if spec is None else spec.stage
@@ -348,7 +351,7 @@ def _deploy(run: Run, plan: Plan) -> Run:
         rd.save(update_fields=["stage", "stage_state", "stage_error"])
         if spec is not None:
             device_command_send(uid=uid, command=command_build(
-                "deploy", run=run.pk, spec=spec.to_json(), peers=peers))
+                "deploy", run=run.pk, spec=spec.to_json(), peers=peers, keys=keys))
     return run
 
 

@@ -11,7 +11,13 @@ from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 
-from tests.webapp.factories import DeviceFactory, LayerProfileFactory, ModelSpecFactory, RunFactory
+from tests.webapp.factories import (
+    DATA_KEY,
+    DeviceFactory,
+    LayerProfileFactory,
+    ModelSpecFactory,
+    RunFactory,
+)
 from webapp.asgi import application
 from webapp.devices.models import Device, LayerProfile
 from webapp.runs import services
@@ -47,7 +53,8 @@ async def connect_all(devices: Sequence[Device]) -> list[WebsocketCommunicator]:
         link = agent(device)
         connected, _ = await link.connect()
         assert connected
-        await link.send_json_to({"type": "hello", "data_address": f"tcp://127.0.0.1:{6000 + k}",
+        await link.send_json_to({"type": "hello", "data_key": DATA_KEY,
+                                 "data_address": f"tcp://127.0.0.1:{6000 + k}",
                                  "hardware": {"cpus": 4}})
         welcome = await link.receive_json_from(timeout=5)
         assert welcome == {"type": "welcome", "device": device.uid, "name": device.name}
@@ -76,8 +83,8 @@ def test_ping_hello_heartbeat_and_bad_messages() -> None:
         assert (await link.connect())[0]
         replies = []
         for message in ({"type": "ping", "id": 1},
-                        {"type": "hello", "data_address": "http://x"},
-                        {"type": "hello", "data_address": "tcp://10.0.0.2:5601"},
+                        {"type": "hello", "data_key": DATA_KEY, "data_address": "http://x"},
+                        {"type": "hello", "data_key": DATA_KEY, "data_address": "tcp://10.0.0.2:5601"},
                         {"type": "heartbeat", "status": "asleep"},
                         {"type": "teleport"},
                         {"type": "events", "run": 12345, "timeline": []}):
@@ -108,9 +115,9 @@ def test_hello_stores_the_agents_measured_fixed_costs() -> None:
         link = agent(device)
         assert (await link.connect())[0]
         replies = []
-        for message in ({"type": "hello", "data_address": "tcp://10.0.0.2:5601",
+        for message in ({"type": "hello", "data_key": DATA_KEY, "data_address": "tcp://10.0.0.2:5601",
                          "overhead_s": 0.001, "message_s": -0.5},
-                        {"type": "hello", "data_address": "tcp://10.0.0.2:5601",
+                        {"type": "hello", "data_key": DATA_KEY, "data_address": "tcp://10.0.0.2:5601",
                          "overhead_s": 0.001, "message_s": 0.0002}):
             await link.send_json_to(message)
             replies.append(await link.receive_json_from(timeout=5))
@@ -453,7 +460,7 @@ def test_a_replaced_connection_closing_changes_nothing() -> None:
         old, new = agent(device), agent(device)
         assert (await old.connect())[0]
         assert (await new.connect())[0]  # the agent reconnected before the old one timed out
-        await new.send_json_to({"type": "hello", "data_address": "tcp://127.0.0.1:7000"})
+        await new.send_json_to({"type": "hello", "data_key": DATA_KEY, "data_address": "tcp://127.0.0.1:7000"})
         await new.receive_json_from(timeout=5)
         await old.disconnect()
         await new.send_json_to({"type": "ping", "id": 3})
@@ -631,11 +638,11 @@ def test_a_malformed_message_is_refused_naming_its_field_and_the_connection_stay
         link = agent(device)
         assert (await link.connect())[0]
         replies = []
-        for message in ({"type": "hello", "data_address": "tcp://10.0.0.2:5601",
+        for message in ({"type": "hello", "data_key": DATA_KEY, "data_address": "tcp://10.0.0.2:5601",
                          "resources": [cpu, cpu]},
                         {"type": "events", "run": 1, "metrics": [{"at": 0, "kind": "loss"}]},
                         {"type": "ping", "id": "x"},
-                        {"type": "hello", "data_address": "tcp://10.0.0.2:5601",
+                        {"type": "hello", "data_key": DATA_KEY, "data_address": "tcp://10.0.0.2:5601",
                          "resources": [cpu, {**cpu, "kind": "gpu", "backward_speed": 3}]}):
             await link.send_json_to(message)
             replies.append(await link.receive_json_from(timeout=5))

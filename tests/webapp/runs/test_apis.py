@@ -1,6 +1,6 @@
 import pytest
 
-from tests.webapp.factories import DeviceFactory, PlanFactory, RunFactory
+from tests.webapp.factories import DATA_KEY, DeviceFactory, PlanFactory, RunFactory
 from webapp.gateway.services import agent_message
 from webapp.runs.models import MetricPoint, Run, RunDevice, TimelineEvent
 
@@ -44,7 +44,7 @@ def test_plan_a_run_on_the_testbed_compare_its_plans_and_start_the_best(
     # the devices' agents connect (their hello names their data planes), then the run starts
     for k, device in enumerate(resnet_testbed.devices):
         agent_message(device_id=device.id, message={
-            "type": "hello", "data_address": f"tcp://127.0.0.1:{5600 + k}"})
+            "type": "hello", "data_key": DATA_KEY, "data_address": f"tcp://127.0.0.1:{5600 + k}"})
     started = api.post(f"/api/runs/{run['id']}/start/", {}, format="json")
     assert started.status_code == 200
     assert started.json()["state"] == "starting" and started.json()["chosen_plan"] == best["id"]

@@ -7,7 +7,13 @@ import re
 import pytest
 
 from orchestrator.errors import PlanningError
-from tests.webapp.factories import DeviceFactory, LayerProfileFactory, ModelSpecFactory, RunFactory
+from tests.webapp.factories import (
+    DATA_KEY,
+    DeviceFactory,
+    LayerProfileFactory,
+    ModelSpecFactory,
+    RunFactory,
+)
 from webapp.devices.models import Device
 from webapp.gateway.services import agent_message
 from webapp.runs import selectors, services
@@ -26,7 +32,8 @@ def run_with(resources: list[dict] | None, *, algorithms: tuple[str, ...] = ("du
         LayerProfileFactory(device=device, model_spec=spec, layers=6, scale=scale)
     if resources is not None:  # the second device's agent says them in its hello
         agent_message(device_id=devices[1].pk, message={
-            "type": "hello", "data_address": "tcp://127.0.0.1:5601", "resources": resources})
+            "type": "hello", "data_key": DATA_KEY, "data_address": "tcp://127.0.0.1:5601",
+            "resources": resources})
     return RunFactory(model_spec=spec, devices=devices, algorithms=list(algorithms))
 
 
@@ -34,7 +41,7 @@ def test_a_hello_s_resources_are_kept_and_said_anew_by_each_hello() -> None:
     run = run_with(TWO_LANES)
     device = Device.objects.get(uid=run.run_devices.order_by("position")[1].device.uid)
     assert device.resources == TWO_LANES
-    agent_message(device_id=device.pk, message={"type": "hello",
+    agent_message(device_id=device.pk, message={"type": "hello", "data_key": DATA_KEY,
                                                 "data_address": "tcp://127.0.0.1:5601"})
     device.refresh_from_db()
     assert device.resources == []  # an agent started without --resources

@@ -1,0 +1,26 @@
+"""Data planes linked as the server would link them, and a bare authenticated socket: what the
+data-plane tests share."""
+
+from __future__ import annotations
+
+import zmq
+
+from agent.security import DataKeys
+from agent.transport import DataPlane
+
+
+def link(a: DataPlane, b: DataPlane) -> None:
+    """``a`` sends to ``b`` (as "b"), and ``b`` admits ``a`` (as "a")."""
+    a.connect("b", b.address, b.public_key)
+    b.connect("a", a.address, a.public_key)
+
+
+def curve_socket(keys: DataKeys, to: DataPlane) -> zmq.Socket[bytes]:
+    """A bare PUSH socket to ``to``'s inbox, authenticated with ``keys``: a peer that sends
+    whatever it likes."""
+    sock = zmq.Context.instance().socket(zmq.PUSH)
+    sock.curve_secretkey, sock.curve_publickey = keys.secret, keys.public
+    sock.curve_serverkey = to.public_key
+    sock.linger = 0
+    sock.connect(to.address)
+    return sock
