@@ -20,6 +20,9 @@ from orchestrator.protocol import Events, Message, MetricSample
 log = logging.getLogger("edgepipe.agent")
 
 RATE_WINDOW_S = 1.0
+# timeline events (and metric points) in one events message: about 200 bytes each as JSON, so a
+# message stays well under the 1 MiB the web server takes in one WebSocket message
+MAX_EVENTS_PER_MESSAGE = 2000
 
 
 class Reporter:
@@ -85,9 +88,14 @@ class Reporter:
                 metrics = [MetricSample(at=m.at, kind=m.name, device=self.uid, value=m.value)
                            for m in reported]
                 metrics += self._rates(run, timeline, now)
-                if timeline or metrics:
-                    self.post(Events(run=run, timeline=tuple(e.to_json() for e in timeline),
-                                     metrics=tuple(metrics)))
+                # a backlog (kept while the server was away) goes in messages of a bounded
+                # size: as one, it exceeded the server's 1 MiB a WebSocket message and the
+                # server closed the connection at each reconnect until the run was lost
+                for first in range(0, max(len(timeline), len(metrics)), MAX_EVENTS_PER_MESSAGE):
+                    last = first + MAX_EVENTS_PER_MESSAGE
+                    self.post(Events(run=run,
+                                     timeline=tuple(e.to_json() for e in timeline[first:last]),
+                                     metrics=tuple(metrics[first:last])))
 
     def _rates(self, run: int, timeline: list[TimelineEvent], now: float
                ) -> list[MetricSample]:

@@ -9,7 +9,8 @@ from typing import Any
 from agent.deployments import Deployment, Deployments
 from agent.executor import Clock, Metric
 from agent.reporting import Reporter
-from agent.transport import Header, SendRecord
+from agent.transport import SendRecord
+from agent.wire import Header
 from orchestrator.protocol import Events, Message, StageSpec
 
 
@@ -84,3 +85,29 @@ def test_metrics_become_samples_at_the_flush_without_the_non_finite_ones() -> No
     samples = flushed(reporter, posted).metrics
     assert [(s.kind, s.value, s.at, s.device) for s in samples] == [
         ("loss", 2.5, 1.25, "edge-a")]
+
+
+def test_a_backlog_goes_to_the_server_in_messages_it_accepts() -> None:
+    # kept while the web server restarted, 50,000 events went as one message of several MiB:
+    # the server (1 MiB a WebSocket message) closed the connection at every reconnect
+    import json
+
+    from agent.reporting import MAX_EVENTS_PER_MESSAGE
+    from orchestrator.events import TimelineEvent
+
+    deployments = Deployments()
+    deployments.add(deployment(0, started_at=100.0))
+    posted: list[Message] = []
+    reporter = Reporter(uid="edge-a", deployments=deployments, post=posted.append,
+                        clock=lambda: 0.0)
+    for m in range(5 * MAX_EVENTS_PER_MESSAGE + 7):
+        reporter.event(TimelineEvent(7, "edge-a", 0, "forward", m, 0, m * 1e-3,
+                                     m * 1e-3 + 5e-4))
+        reporter.metric(7, Metric("loss", value=1.0 / (m + 1), microbatch=m, at=m * 1e-3))
+    reporter.flush()
+    assert len(posted) == 6 and all(isinstance(p, Events) for p in posted)
+    batches = [p for p in posted if isinstance(p, Events)]
+    assert [e["microbatch"] for b in batches for e in b.timeline] == list(
+        range(5 * MAX_EVENTS_PER_MESSAGE + 7))  # every one, in order
+    assert sum(len(b.metrics) for b in batches) == 5 * MAX_EVENTS_PER_MESSAGE + 7
+    assert max(len(json.dumps(b.to_json())) for b in batches) < 2**20
