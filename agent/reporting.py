@@ -95,7 +95,7 @@ class Reporter:
                     last = first + MAX_EVENTS_PER_MESSAGE
                     self.post(Events(run=run,
                                      timeline=tuple(e.to_json() for e in timeline[first:last]),
-                                     metrics=tuple(metrics[first:last])))
+                                     metrics=tuple(m.to_json() for m in metrics[first:last])))
 
     def _rates(self, run: int, timeline: list[TimelineEvent], now: float
                ) -> list[MetricSample]:

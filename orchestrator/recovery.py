@@ -244,6 +244,9 @@ class RestorePlan:
 
     resume: int
     parts: tuple[Part, ...]
+    # why training starts again from the run's seed (no applied at which every layer has a
+    # copy); "" when it resumes from copies
+    from_seed: str = ""
 
     @property
     def bytes_moved(self) -> int:
@@ -257,8 +260,11 @@ class RestorePlan:
         return tuple(p for p in self.parts if p.device == device)
 
     def to_json(self) -> dict[str, Any]:
-        return {"resume": self.resume, "parts": [p.to_json() for p in self.parts],
-                "bytes_moved": self.bytes_moved, "transfers": self.transfers}
+        out = {"resume": self.resume, "parts": [p.to_json() for p in self.parts],
+               "bytes_moved": self.bytes_moved, "transfers": self.transfers}
+        if self.from_seed:
+            out["from_seed"] = self.from_seed
+        return out
 
 
 def _source(device: str, layer: int, at_v: Sequence[Holding]) -> tuple[str, str]:
@@ -279,7 +285,8 @@ def _source(device: str, layer: int, at_v: Sequence[Holding]) -> tuple[str, str]
 
 
 def restore_plan(new: Plan, holdings: Sequence[Holding], profile: ModelProfile, *,
-                 at_most: int | None = None, momentum: bool = False) -> RestorePlan:
+                 at_most: int | None = None, momentum: bool = False,
+                 seed: bool = False) -> RestorePlan:
     """At V = resume_point(...): for each device of each stage of ``new`` and each layer of its
     stage, the source, by preference:
 
@@ -294,7 +301,13 @@ def restore_plan(new: Plan, holdings: Sequence[Holding], profile: ModelProfile, 
     ``param_bytes``, twice that with ``momentum`` (the optimizer's buffers move with the
     weights, :func:`~orchestrator.redistribution.state_bytes`). Raises :class:`RecoveryError`
     naming the first layer without any copy (when there is no resume point), and if ``new`` does
-    not cover the profile's layers once each."""
+    not cover the profile's layers once each.
+
+    ``seed``: the run's seed is a copy of every layer at applied 0 (every stage builds its
+    layers from it): with no resume point, training starts again from micro-batch 0, every
+    device building its layers from the seed (no parts), and ``from_seed`` says why. A device
+    lost before its layers' first replica (or soon after a re-partition moved them) left a
+    layer with no copy, and the run failed."""
     num_layers = profile.num_layers
     try:
         check_stages(new.stages, num_layers=num_layers, device_ids=new.device_ids,
@@ -306,6 +319,9 @@ def restore_plan(new: Plan, holdings: Sequence[Holding], profile: ModelProfile, 
                             "server's store")
     resume = resume_point(holdings, num_layers=num_layers, at_most=at_most)
     if resume is None:
+        if seed:
+            return RestorePlan(resume=0, parts=(),
+                               from_seed=_no_resume_point(holdings, num_layers, at_most))
         raise RecoveryError(_no_resume_point(holdings, num_layers, at_most))
     at_v = [h for h in holdings if h.applied == resume]
     parts: list[Part] = []

@@ -54,6 +54,7 @@ from orchestrator.protocol.records import (
 )
 from orchestrator.protocol.reports import (
     AGENT_MESSAGES,
+    MAX_REFUSALS,
     SERVER_MESSAGES,
     Ack,
     ErrorReply,
@@ -89,6 +90,7 @@ from orchestrator.protocol.weightnames import (
 __all__ = [
     "AGENT_MESSAGES",
     "COMMANDS",
+    "MAX_REFUSALS",
     "SERVER_MESSAGES",
     "Ack",
     "ChainReplica",

@@ -33,11 +33,12 @@ from orchestrator.protocol.records import (
     HeldCopy,
     MeasuredLink,
     Message,
-    MetricSample,
     ModelSpecRef,
     resources_reader,
     wire,
 )
+
+MAX_REFUSALS = 16  # refused metric points a ``stored`` names
 
 # ---- the agent's messages
 
@@ -75,7 +76,9 @@ class Heartbeat(Message):
 @dataclass(frozen=True, kw_only=True)
 class Events(Message):
     """What a run's stages here produced since the last batch. Timeline and fault events are
-    JSON objects the shared event schemas check (orchestrator.events), naming the field."""
+    JSON objects the shared event schemas check (orchestrator.events), naming the field;
+    metric points are JSON objects the server reads one by one as :class:`MetricSample`
+    (one it cannot take, a NaN loss say, is refused alone and said in ``stored``)."""
 
     TYPE = "events"
     run: int = wire(integer())
@@ -83,8 +86,8 @@ class Events(Message):
         items(json_object(maximum=16), maximum=MAX_EVENTS), ())
     faults: tuple[Mapping[str, Any], ...] = wire(
         items(json_object(maximum=16), maximum=MAX_EVENTS), ())
-    metrics: tuple[MetricSample, ...] = wire(
-        items(MetricSample.reader(), maximum=MAX_EVENTS), ())
+    metrics: tuple[Mapping[str, Any], ...] = wire(
+        items(json_object(maximum=8), maximum=MAX_EVENTS), ())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -255,13 +258,16 @@ class ErrorReply(Message):
 
 @dataclass(frozen=True, kw_only=True)
 class Stored(Message):
-    """How many of an events batch's timeline events, faults and metric points were kept."""
+    """How many of an events batch's timeline events, faults and metric points were kept, and
+    the metric points refused ({field, reason}: the first MAX_REFUSALS of them)."""
 
     TYPE = "stored"
     run: int = wire(integer())
     timeline: int = wire(integer())
     faults: int = wire(integer())
     metrics: int = wire(integer())
+    refused: tuple[Mapping[str, Any], ...] = wire(
+        items(json_object(maximum=4), maximum=MAX_REFUSALS), ())
 
 
 @dataclass(frozen=True, kw_only=True)

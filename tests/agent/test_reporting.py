@@ -83,7 +83,7 @@ def test_metrics_become_samples_at_the_flush_without_the_non_finite_ones() -> No
     reporter.metric(7, Metric("loss", float("nan"), 4, 1.5))
     reporter.metric(7, Metric("accuracy", 0.5, 3, float("inf")))
     samples = flushed(reporter, posted).metrics
-    assert [(s.kind, s.value, s.at, s.device) for s in samples] == [
+    assert [(s["kind"], s["value"], s["at"], s["device"]) for s in samples] == [
         ("loss", 2.5, 1.25, "edge-a")]
 
 

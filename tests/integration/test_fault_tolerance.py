@@ -187,3 +187,24 @@ def test_an_agent_killed_while_the_run_starts_makes_it_start_on_the_others(
     assert (number, resume) == (1, 0)
     assert victim not in {d for s in stages for d in s["devices"]}
     assert out["summary"]["loss_last"] < 0.3 * out["summary"]["loss_first"]
+
+
+def test_a_device_lost_before_any_replica_restarts_training_from_the_seed(var: Path) -> None:
+    # without replicas (none yet, or none at all) the killed device's layers had no copy
+    # anywhere, and the run failed ("recovery 2 failed: layer 3 has no copy anywhere"); the
+    # run's seed is a copy of every layer at micro-batch 0
+    summary = demo(var, "demo-slow", ["--chain-every", "0", "--global-every", "0"])
+    run = summary["run"]
+    assert summary["state"] == "finished", summary
+    [(detail,)] = rows(var, "SELECT detail FROM runs_faultevent WHERE run_id = ? AND "
+                            "kind = 'repartitioned'", run)
+    assert "has no copy anywhere" in json.loads(detail)["from_seed"], detail
+    [(resume,)] = rows(var, "SELECT resume_microbatch FROM runs_generation WHERE run_id = ? "
+                            "AND number = 1", run)
+    assert resume == 0
+    # every micro-batch is trained to the end after the restart, by the survivors
+    after = {m for (m,) in rows(var, "SELECT DISTINCT microbatch FROM runs_timelineevent WHERE "
+                                     "run_id = ? AND kind = 'update' AND start > ?", run,
+                                max(f["resumed_s"] for f in summary["faults"]))}
+    assert max(after) == TOTAL - 1
+    assert summary["loss_last"] < 0.3 * summary["loss_first"]

@@ -482,3 +482,19 @@ def test_a_failure_that_took_replicas_only_shrinks_groups() -> None:
     assert not group_shrinks(plan, {"a"})  # the first stage has no device left
     assert not group_shrinks(plan, {"b", "c"})
     assert not group_shrinks(plan, {"z"})  # nothing of the plan was lost
+
+
+def test_with_the_seed_a_layer_without_a_copy_restarts_training_from_it() -> None:
+    # a device lost before its layers' first replica left them with no copy, and the run
+    # failed; the run's seed is a copy of every layer at applied 0
+    holdings = [own("a", 0, 2, 5), own("b", 4, 7, 5)]
+    plan = restore_plan(plan_of(((0, 3), ("a",)), ((4, 7), ("b",))), holdings, PROFILE,
+                        seed=True)
+    assert plan.resume == 0 and plan.parts == () and plan.bytes_moved == 0
+    assert plan.from_seed == "layer 3 has no copy anywhere"
+    assert plan.to_json()["from_seed"] == plan.from_seed
+    # copies at one applied for every layer: they are used, the seed is not
+    covered = restore_plan(plan_of(((0, 7), ("a",))), [*holdings, replica("b", 3, 3, 5)],
+                           PROFILE, seed=True)
+    assert covered.resume == 5 and covered.from_seed == "" and covered.parts
+    assert "from_seed" not in covered.to_json()

@@ -388,6 +388,8 @@ class DemoOptions:
     headless: bool = False
     run_timeout_s: float = 900.0
     repartition_every: int | None = None  # batches between dynamic re-partitions (0: off)
+    chain_every: int | None = None  # batches between chain replicas (None: the run's default)
+    global_every: int | None = None  # batches between global replicas (None: the default)
     kill_agent_at: float | None = None  # seconds into the run: SIGKILL agents (a fault)
     kill_agents: tuple[str, ...] = ()  # which (default: the device of the plan's middle stage)
     pause_at: float | None = None  # seconds into the run: pause it (through the API)
@@ -445,7 +447,8 @@ def run_demo(options: DemoOptions, *, say: Callable[[str], None] = print
             name=f"demo: {o.model} on {o.dataset} over {len(testbed.devices)} devices",
             microbatches=o.microbatches, batches=o.batches,
             repartition_every=o.repartition_every, lr=o.lr, momentum=o.momentum,
-            vertical_sync=o.vertical_sync, aggregate_every=o.aggregate_every)
+            vertical_sync=o.vertical_sync, aggregate_every=o.aggregate_every,
+            chain_every=o.chain_every, global_every=o.global_every)
         say(f"  {compared['reason']}")
         row = chosen_plan(compared, o.plan)
         say(f"starting the {row['algorithm']} plan ({row['stages']} stages, predicted "

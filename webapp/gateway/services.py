@@ -113,7 +113,7 @@ def _events(device: Device, message: Events) -> Reply:
     run = _run_of(device, message.run)
     stored = run_services.run_events_store(
         run=run, device=device, timeline=list(message.timeline), faults=list(message.faults),
-        metrics=[m.to_json() for m in message.metrics])
+        metrics=list(message.metrics))
     updates = [e.get("microbatch") for e in message.timeline
                if e.get("kind") == "update" and isinstance(e.get("microbatch"), int)]
     if updates:  # the dynamic re-partition's clock: how far training has got

@@ -232,7 +232,11 @@ class AgentRunEventsApi(AgentApi):
     @extend_schema(request=EventsInput, responses={201: inline_serializer(
         "EventsStored", {"timeline": serializers.IntegerField(),
                          "faults": serializers.IntegerField(),
-                         "metrics": serializers.IntegerField()})})
+                         "metrics": serializers.IntegerField(),
+                         "refused": serializers.ListField(
+                             child=serializers.DictField(), help_text=(
+                                 "metric points not kept: {field, reason} for each of the "
+                                 "first 16"))})})
     def post(self, request: Request, run_id: int) -> Response:
         run = _member_run(request, run_id)
         data = validated(self.EventsInput, request)

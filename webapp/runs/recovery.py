@@ -324,7 +324,7 @@ def _replan(run: Run) -> Run:
             holders = [rd for rd in RunDevice.objects.filter(run=run).select_related("device")
                        if rd.holdings and rd.device.uid not in lost]
             holdings = _holdings(run, holders)
-            restore = restore_plan(plan, holdings, profile, momentum=run.momentum > 0)
+            restore = restore_plan(plan, holdings, profile, momentum=run.momentum > 0, seed=True)
             if (not dynamic and run.recovery_policy == "replan" and old is not None
                     and group_shrinks(old, lost)):
                 plan, restore, algorithm, recovery["decision"] = _shrink_or_replan(
@@ -334,6 +334,9 @@ def _replan(run: Run) -> Run:
     if synchronous(run.schedule) and restore.resume % run.microbatches:
         return _fail(run, f"recovery {generation} failed: resume point {restore.resume} is "
                           "not at a batch boundary")
+    if restore.from_seed:
+        log.warning("run %s recovery %s: %s; training starts again from the run's seed",
+                    run.pk, generation, restore.from_seed)
     if restore.resume >= run.total_microbatches:
         return _fail(run, f"recovery {generation}: every micro-batch was already trained")
     predicted = plan.predicted
@@ -350,7 +353,8 @@ def _replan(run: Run) -> Run:
         "stages": [{"devices": list(s.devices), "layers": [s.first, s.last]}
                    for s in plan.stages],
         "predicted_throughput_sps": None if predicted is None else predicted.throughput_sps,
-        "resume_microbatch": restore.resume, **recovery.get("decision", {})})
+        "resume_microbatch": restore.resume, **recovery.get("decision", {}),
+        **({"from_seed": restore.from_seed} if restore.from_seed else {})})
     specs = spec_fields(run=run, document=plan, cm=cm)
     peers, keys = data_peers([rd.device for rd in candidates])
     staged = set(specs)
@@ -394,7 +398,8 @@ def _shrink_or_replan(run: Run, cm: CostModel, old: PlanDocument, lost: set[str]
     shrunk = successor_takes_over(cm, old, lost, schedule=run.schedule,
                                   microbatches=run.microbatches)
     shrunk = replace(shrunk, algorithm=f"{old.algorithm}, shrunk")
-    kept = restore_plan(shrunk, holdings, profile, momentum=run.momentum > 0)
+    kept = restore_plan(shrunk, holdings, profile, momentum=run.momentum > 0,
+                        seed=True)
     plan, restore, _ = replanned
     if shrunk.predicted is None or plan.predicted is None:
         return (*replanned, {})

@@ -24,7 +24,7 @@ from orchestrator.events import parse_event, parse_fault
 from orchestrator.formats import SCHEDULES, parse_plan, synchronous
 from orchestrator.formats import Plan as PlanDocument
 from orchestrator.partition import LEARNED, PLANNERS, run_planner
-from orchestrator.protocol import ProtocolError, StageSpec
+from orchestrator.protocol import MAX_REFUSALS, MetricSample, ProtocolError, StageSpec
 from orchestrator.simulator import schedule_inputs, simulate
 from webapp.common.exceptions import Conflict, InvalidInput, distinct_choices
 from webapp.devices.commands import command_build, device_command_send
@@ -735,6 +735,22 @@ def _parsed(items: Sequence[Any], field: str, parse: Any, run: Run) -> list[Any]
     return out
 
 
+def _metric_points(metrics: Sequence[Any]) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """The metric points that read as MetricSample, and {field, reason} for each one that does
+    not: one point the database cannot hold (a NaN loss; SQLite stores NaN as NULL) is refused
+    alone, where it failed the whole batch, timeline events included."""
+    kept, refused = [], []
+    for i, raw in enumerate(metrics):
+        try:
+            kept.append(MetricSample.reader()(raw, f"metrics[{i}]").to_json())
+        except ProtocolError as exc:
+            refused.append({"field": exc.field or f"metrics[{i}]", "reason": exc.reason})
+    if refused:
+        log.warning("refused %d metric point(s): %s: %s", len(refused), refused[0]["field"],
+                    refused[0]["reason"])
+    return kept, refused
+
+
 _idle_sent: dict[int, float] = {}
 
 
@@ -768,7 +784,8 @@ def run_events_store(*, run: Run, device: Device, timeline: Sequence[Any] = (),
     stored_timeline = timeline_events_store(run=run, records=records) if records else []
     stored_faults = (fault_events_store(run=run, records=faults_parsed) if faults_parsed
                      else [])
-    stored_metrics = metric_points_store(run=run, points=metrics) if metrics else []
+    points, refused = _metric_points(metrics)
+    stored_metrics = metric_points_store(run=run, points=points) if points else []
     # the run page's deltas, in the snapshot's own shapes
     if stored_timeline:
         events.run_event_send(run.pk, events.event_timeline(
@@ -782,4 +799,4 @@ def run_events_store(*, run: Run, device: Device, timeline: Sequence[Any] = (),
     if stored_timeline and _idle_due(run.pk):
         events.run_event_send(run.pk, events.event_idle(run))
     return {"timeline": len(stored_timeline), "faults": len(stored_faults),
-            "metrics": len(stored_metrics)}
+            "metrics": len(stored_metrics), "refused": refused[:MAX_REFUSALS]}

@@ -154,7 +154,17 @@ def test_a_run_is_deployed_started_fed_and_finished_by_its_agents() -> None:
             "metrics": [{"at": 0.2, "kind": "throughput_sps", "device": "", "value": 320.0}]})
         stored = await agents[0].receive_json_from(timeout=5)
         assert stored == {"type": "stored", "run": run.pk, "timeline": 1, "faults": 0,
-                          "metrics": 1}
+                          "metrics": 1, "refused": []}
+        # a point the database cannot hold (a diverged loss) is refused alone: it failed
+        # the whole batch, and the device's timeline events with it
+        await agents[0].send_json_to({"type": "events", "run": run.pk, "timeline": [
+            {"run": run.pk, "device": first, "stage": 0, "kind": "backward", "microbatch": 0,
+             "version": 0, "start": 0.2, "end": 0.3}],
+            "metrics": [{"at": 0.3, "kind": "loss", "value": float("nan")},
+                        {"at": 0.3, "kind": "loss", "value": 2.25}]})
+        stored = await agents[0].receive_json_from(timeout=5)
+        assert (stored["timeline"], stored["metrics"]) == (1, 1), stored
+        assert [r["field"] for r in stored["refused"]] == ["metrics[0].value"]
         for a in agents:
             await a.send_json_to({"type": "stage_done", "run": run.pk})
         for a in agents:
@@ -175,8 +185,10 @@ def test_a_run_is_deployed_started_fed_and_finished_by_its_agents() -> None:
     assert {s["command"] for s in starts} == {"start"}
     assert len({s["started_at"] for s in starts}) == 1  # one common start time
     assert state == Run.State.RUNNING and final == Run.State.FINISHED
-    assert TimelineEvent.objects.filter(run=run).count() == 1
+    assert TimelineEvent.objects.filter(run=run).count() == 2
     assert MetricPoint.objects.filter(run=run, kind="throughput_sps").count() == 1
+    assert list(MetricPoint.objects.filter(run=run, kind="loss").values_list(
+        "value", flat=True)) == [2.25]
     kinds = list(FaultEvent.objects.filter(run=run).values_list("kind", flat=True))
     assert kinds == ["run_started", "run_finished"]
 
@@ -396,10 +408,12 @@ def test_a_pause_asked_for_during_a_recovery_pauses_the_run_when_it_ends() -> No
     assert paused.detail == {"after_recovery": True}
 
 
-def test_a_recovery_with_a_layer_copied_nowhere_fails_the_run_naming_it() -> None:
+def test_a_recovery_with_a_layer_copied_nowhere_starts_again_from_the_seed() -> None:
+    # the lost device's layers had no copy anywhere (no replica yet): the run failed; the
+    # run's seed is a copy of every layer at micro-batch 0, and the recovery says it used it
     run, devices = planned_run()
 
-    async def scenario() -> Run:
+    async def scenario() -> list[dict[str, Any]]:
         agents, specs = await _running(devices, run)()
         await agents[1].disconnect()
         for a, spec in zip([agents[0], agents[2]], [specs[0], specs[2]], strict=True):
@@ -407,14 +421,19 @@ def test_a_recovery_with_a_layer_copied_nowhere_fails_the_run_naming_it() -> Non
             own = [{"layers": spec["layers"], "applied": 4, "kind": "own"}]  # no replicas
             await a.send_json_to({"type": "ack", "id": halt["id"], "command": "halt",
                                   "run": run.pk, "ok": True, "generation": 1, "holdings": own})
+        deploys = [await a.receive_json_from(timeout=5) for a in (agents[0], agents[2])]
         for a in (agents[0], agents[2]):
-            assert (await a.receive_json_from(timeout=5))["command"] == "stop"
             await a.disconnect()
-        return await database_sync_to_async(Run.objects.get)(pk=run.pk)
+        return deploys
 
-    failed = async_to_sync(scenario)()
-    assert failed.state == Run.State.FAILED
-    assert "recovery 1 failed" in failed.error and "layer" in failed.error
+    deploys = async_to_sync(scenario)()
+    assert [d["command"] for d in deploys] == ["deploy", "deploy"]
+    assert {d["spec"]["first_microbatch"] for d in deploys} == {0}
+    assert all(not d.get("restore") for d in deploys)  # every layer from the seed
+    [detail] = FaultEvent.objects.filter(run=run, kind="repartitioned").values_list(
+        "detail", flat=True)
+    assert "has no copy anywhere" in detail["from_seed"]
+    assert detail["resume_microbatch"] == 0
 
 
 @pytest.mark.parametrize("policy", ["replan", "respipe"])
@@ -640,7 +659,7 @@ def test_a_malformed_message_is_refused_naming_its_field_and_the_connection_stay
         replies = []
         for message in ({"type": "hello", "data_key": DATA_KEY, "data_address": "tcp://10.0.0.2:5601",
                          "resources": [cpu, cpu]},
-                        {"type": "events", "run": 1, "metrics": [{"at": 0, "kind": "loss"}]},
+                        {"type": "events", "run": 1, "timeline": "x"},
                         {"type": "ping", "id": "x"},
                         {"type": "hello", "data_key": DATA_KEY, "data_address": "tcp://10.0.0.2:5601",
                          "resources": [cpu, {**cpu, "kind": "gpu", "backward_speed": 3}]}):
@@ -652,7 +671,7 @@ def test_a_malformed_message_is_refused_naming_its_field_and_the_connection_stay
 
     replies = async_to_sync(scenario)()
     assert [(r["type"], r.get("field"), r.get("in_reply_to")) for r in replies] == [
-        ("error", "resources[1].kind", "hello"), ("error", "metrics[0].value", "events"),
+        ("error", "resources[1].kind", "hello"), ("error", "timeline", "events"),
         ("error", "id", "ping"), ("welcome", None, None)]
     assert "is repeated" in replies[0]["detail"]
     assert device.resources == [{"kind": "cpu", "speed": 1, "backward_speed": 1},

@@ -149,7 +149,7 @@ def test_an_agent_reports_events_for_its_run(agent):
                                               "value": 120.5, "device": device.uid}]},
         format="json")
     assert answer.status_code == 201
-    assert answer.json() == {"timeline": 3, "faults": 0, "metrics": 1}
+    assert answer.json() == {"timeline": 3, "faults": 0, "metrics": 1, "refused": []}
     assert TimelineEvent.objects.filter(run=run, kind="backward").count() == 3
     assert MetricPoint.objects.get().device == device.uid
 

@@ -477,7 +477,7 @@ def test_run_events_store_checks_everything_before_storing_anything():
         faults=[{"run": run.pk, "at": 2.0, "kind": "device_lost", "device": "x",
                  "detail": {"reason": "heartbeat timeout"}}],
         metrics=[{"at": 2.0, "kind": "loss", "value": 0.7}])
-    assert stored == {"timeline": 1, "faults": 1, "metrics": 1}
+    assert stored == {"timeline": 1, "faults": 1, "metrics": 1, "refused": []}
     assert FaultEvent.objects.get().detail == {"reason": "heartbeat timeout"}
     assert MetricPoint.objects.get().value == 0.7
     cases = [
@@ -491,6 +491,17 @@ def test_run_events_store_checks_everything_before_storing_anything():
             services.run_events_store(run=run, device=device, **batch)
         assert caught.value.errors[0].field == field
     assert TimelineEvent.objects.count() == 1
+    # metric points are refused one by one (SQLite stores NaN as NULL: a diverged loss
+    # failed the whole batch on NOT NULL, and the device's timeline events with it)
+    stored = services.run_events_store(
+        run=run, device=device, timeline=[{**good, "microbatch": 2}],
+        metrics=[{"at": 3.0, "kind": "loss", "value": float("nan")},
+                 {"at": 3.0, "kind": "loss", "value": float("inf")}, {"at": 3.0, "kind": "loss"},
+                 {"at": 3.0, "kind": "accuracy", "value": 0.5}])
+    assert (stored["timeline"], stored["metrics"]) == (1, 1)
+    assert [r["field"] for r in stored["refused"]] == [
+        "metrics[0].value", "metrics[1].value", "metrics[2].value"]
+    assert TimelineEvent.objects.count() == 2 and MetricPoint.objects.count() == 2
 
 
 def test_run_events_store_refuses_a_run_that_is_not_active():

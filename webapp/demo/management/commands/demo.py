@@ -43,6 +43,12 @@ class Command(BaseCommand):
         parser.add_argument("--repartition-every", type=int, default=None, metavar="BATCHES",
                             help="batches between dynamic re-partition checks (0: off; default "
                                  "the run's, 100, the first after 10)")
+        parser.add_argument("--chain-every", type=int, default=None, metavar="BATCHES",
+                            help="batches between chain replicas of each stage's weights to the "
+                                 "next stage's device (0: none; default the run's)")
+        parser.add_argument("--global-every", type=int, default=None, metavar="BATCHES",
+                            help="batches between global replicas to the server (0: none; "
+                                 "default the run's)")
         parser.add_argument("--kill-agent-at", type=_positive_seconds, default=None,
                             metavar="SECONDS",
                             help="fault injection: SECONDS after the run starts, kill an "
@@ -97,6 +103,7 @@ class Command(BaseCommand):
             algorithms=tuple(a.strip() for a in options["algorithms"].split(",") if a.strip()),
             plan=options["plan"], headless=options["headless"],
             repartition_every=options["repartition_every"],
+            chain_every=options["chain_every"], global_every=options["global_every"],
             slow_agent_at=options["slow_agent_at"], slow_agent=options["slow_agent"],
             slow_to=options["slow_to"], lr=options["lr"], momentum=options["momentum"],
             vertical_sync=options["vertical_sync"], aggregate_every=options["aggregate_every"],
