@@ -6,7 +6,7 @@
 
 Environment (for containers; flags win): EDGEPIPE_SERVER, EDGEPIPE_TOKEN (``run`` enrols first
 when no enrolment is stored), EDGEPIPE_AGENT_NAME, EDGEPIPE_AGENT_STATE (the enrolment's
-directory), EDGEPIPE_RESOURCES (``--resources``).
+directory), EDGEPIPE_RESOURCES (``--resources``), EDGEPIPE_DATA_DIR (``--data-dir``).
 """
 
 from __future__ import annotations
@@ -116,6 +116,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         bandwidth_bps=None if args.bandwidth_mbps is None else args.bandwidth_mbps * 1e6 / 8,
         latency_s=args.latency_ms / 1e3, threads=args.threads,
         resources=parse_resources(args.resources) if args.resources else (),
+        data_dir=args.data_dir,
         warm_times_path=args.config.with_name(f"{args.config.stem}.warm-times.json"),
         data_keys_dir=args.config.with_name(f"{args.config.stem}.data-keys"))
     stop = threading.Event()
@@ -137,7 +138,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_profile(args: argparse.Namespace) -> int:
     from agent.profiler import profile_model
 
-    data = load_dataset(args.dataset)
+    data = load_dataset(args.dataset, data_dir=args.data_dir)
     model = build_model(args.model, input_shape=data.input_shape, num_classes=data.num_classes)
     profile = profile_model(model, batch_size=args.batch_size, reference=socket.gethostname(),
                             dataset=args.dataset, repeats=args.repeats, slowdown=args.slowdown,
@@ -162,6 +163,14 @@ def build_parser() -> argparse.ArgumentParser:
     def config_option(p: argparse.ArgumentParser) -> None:
         p.add_argument("--config", type=Path, default=default_path(),
                        help=f"where the enrolment is kept (default {default_path()})")
+
+    def data_dir_option(p: argparse.ArgumentParser) -> None:
+        default = os.environ.get("EDGEPIPE_DATA_DIR") or None
+        p.add_argument("--data-dir", type=Path, default=None if default is None else Path(default),
+                       metavar="DIR",
+                       help="the one directory npz:PATH data sets are read from (a relative PATH "
+                            "inside it; nothing outside it, symbolic links included); without "
+                            "it npz data sets are refused (default: $EDGEPIPE_DATA_DIR)")
 
     enrol_parser = sub.add_parser("enrol", help="enrol this device with a server (once)",
                                   description="Enrol this device with an EdgePipe server using "
@@ -203,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
              "one's forward (F) and backward (B) speed, relative to the others'. Reported to "
              "the server, whose Duan-Wu planner may then split forward and backward work "
              "between them (two lanes); the device's measured speed is shared out by F")
+    data_dir_option(run_parser)
     run_parser.set_defaults(handler=_cmd_run)
 
     profile_parser = sub.add_parser(
@@ -216,6 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     profile_parser.add_argument("--repeats", type=int, default=5)
     profile_parser.add_argument("--slowdown", type=float, default=1.0, metavar="X")
     profile_parser.add_argument("--out", help="write the profile here instead of stdout")
+    data_dir_option(profile_parser)
     profile_parser.set_defaults(handler=_cmd_profile)
     return parser
 

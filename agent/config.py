@@ -153,6 +153,9 @@ class AgentConfig:
     # emulated compute resources (--resources), reported in hello; () reports none: the
     # server plans the device as one resource at its measured speed
     resources: tuple[DeviceResource, ...] = ()
+    # the one directory the server's ``npz:PATH`` data sets may be read from (--data-dir,
+    # EDGEPIPE_DATA_DIR; agent.data.npz_path); None: the agent reads no npz data set
+    data_dir: Path | None = None
     heartbeat_s: float = 2.0
     flush_s: float = 0.1  # how often events go to the server (about 10 batches a second)
     max_backoff_s: float = 30.0
@@ -166,3 +169,5 @@ class AgentConfig:
             raise ConfigError(f"--latency-ms must not be negative, got {self.latency_s}")
         if not 0 <= self.data_port < 65536:
             raise ConfigError(f"--data-port must be a port number, got {self.data_port}")
+        if self.data_dir is not None and not Path(self.data_dir).is_dir():
+            raise ConfigError(f"--data-dir {self.data_dir}: no such directory")

@@ -6,7 +6,11 @@
   class is a random smooth template, each image that template plus noise, so a model can learn
   it and the loss falls like on real data.
 - ``npz:PATH``: a file with arrays ``x`` (N, C, H, W), (N, H, W) or (N, D) and integer labels
-  ``y`` (N,); loaded with ``allow_pickle=False``.
+  ``y`` (N,); loaded with ``allow_pickle=False``. The server names the data set, so an agent
+  reads such files only from the one directory its ``--data-dir`` names (``data_dir`` below):
+  a relative PATH is taken inside it, and a path that resolves outside it (``..``, an absolute
+  path elsewhere, a symbolic link out) is refused with the same message as a file that does
+  not exist. Without a data directory ``npz:`` data sets are refused.
 
 Micro-batch m is a deterministic function of (seed, m): each epoch is a fresh permutation of the
 training set, so every device that reads the data agrees on what micro-batch m holds.
@@ -126,12 +130,35 @@ def from_npz(path: str | Path) -> Dataset:
     return _split(f"npz:{p}", xf, y.astype(np.int64), int(y.max()) + 1)
 
 
-def load_dataset(spec: str, *, seed: int = 0) -> Dataset:
-    """``digits``, ``synthetic-cifar`` or ``npz:PATH``."""
+def npz_path(path: str, *, data_dir: str | Path | None) -> Path:
+    """The file ``npz:path`` names, inside ``data_dir`` (a relative path is taken from there):
+    DataError when there is no data directory, or when the path resolves (symbolic links
+    followed) to anything but a file inside it; the same message whether or not such a file
+    exists elsewhere, so that the answer tells nothing of the machine's other files."""
+    if data_dir is None:
+        raise DataError(f"npz:{path}: this agent reads no npz data sets; pass --data-dir DIR "
+                        "(or set EDGEPIPE_DATA_DIR=DIR) naming the one directory they may come "
+                        "from")
+    root = Path(data_dir).resolve()
+    refused = DataError(f"npz:{path}: no such file in this agent's data directory (--data-dir); "
+                        "npz paths are read from there only")
+    if not path or "\0" in path:
+        raise refused
+    try:
+        resolved = (root / path).resolve()
+    except (OSError, RuntimeError, ValueError):  # a symbolic-link loop, a bad name
+        raise refused from None
+    if not resolved.is_relative_to(root) or not resolved.is_file():
+        raise refused
+    return resolved
+
+
+def load_dataset(spec: str, *, seed: int = 0, data_dir: str | Path | None = None) -> Dataset:
+    """``digits``, ``synthetic-cifar`` or ``npz:PATH`` (a file in ``data_dir``: npz_path)."""
     if spec == "digits":
         return digits()
     if spec == "synthetic-cifar":
         return synthetic_cifar(seed=seed)
     if spec.startswith("npz:"):
-        return from_npz(spec[4:])
+        return from_npz(npz_path(spec[4:], data_dir=data_dir))
     raise DataError(f"unknown data set {spec!r}; use digits, synthetic-cifar or npz:PATH")

@@ -101,7 +101,8 @@ class AgentRuntime:
         self.weights = WeightService(
             uid=self.uid, plane=self.plane, reply_to=lambda: self.advertised_address,
             server=replica_server or HttpReplicaServer(config.enrolment), stop=self.stop)
-        self.dataset: Callable[[str], Dataset] = functools.cache(load_dataset)
+        self.dataset: Callable[[str], Dataset] = functools.cache(
+            functools.partial(load_dataset, data_dir=config.data_dir))
         self.warm = WarmTimes(path=config.warm_times_path, uid=self.uid,
                               threads=config.threads, dataset=self.dataset)
         self.handlers = CommandHandlers(

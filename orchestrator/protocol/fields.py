@@ -7,6 +7,7 @@ the typed value or raises ProtocolError naming it: ``read_*`` read a value at on
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -23,6 +24,7 @@ MAX_EVENTS = 100_000  # timeline events, faults or metric points in one batch
 MAX_PEERS = 1024
 MAX_RESOURCES = 8
 MAX_LAYER = 10**6
+MAX_DEPTH = 64  # levels of arrays and objects in one message
 
 
 class ProtocolError(ValueError):
@@ -239,4 +241,59 @@ def json_object(*, maximum: int = 256) -> Reader:
         obj: dict[str, Any] = raw
         return obj
     read.accepts = accepts  # type: ignore[attr-defined]
+    return read
+
+
+def json_deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests arrays and objects more than ``limit`` levels deep (a scalar is
+    0 levels, ``[]`` or ``{}`` one). Walked without recursion, so any value can be measured."""
+    stack: list[tuple[Any, int]] = [(value, 0)] if isinstance(value, (dict, list)) else []
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item
+        depth += 1
+        if depth > limit:
+            return True
+        stack.extend((c, depth) for c in children if isinstance(c, (dict, list)))
+    return False
+
+
+def read_json_text(raw: str, *, max_depth: int = MAX_DEPTH) -> Any:
+    """A message's text as its JSON value; ProtocolError (for the message as a whole, no
+    field) when it is not JSON or nests arrays and objects more than ``max_depth`` levels
+    deep. Python's parser would fail with RecursionError at about a thousand levels: that is
+    refused as too deep too, and anything shallower is measured once parsed."""
+    too_deep = f"nests arrays and objects more than {max_depth} levels deep"
+    try:
+        value = json.loads(raw)
+    except RecursionError:
+        raise ProtocolError(f"the message {too_deep}", reason=too_deep) from None
+    except ValueError as exc:
+        reason = f"is not JSON: {exc}"[:MAX_TEXT - 20]
+        raise ProtocolError(f"the message {reason}", reason=reason) from None
+    if json_deeper_than(value, max_depth):
+        raise ProtocolError(f"the message {too_deep}", reason=too_deep)
+    return value
+
+
+def json_document(*, entries: int, size: int, depth: int) -> Reader:
+    """A JSON object given as it is (a device's hardware description): at most ``entries``
+    entries, ``size`` bytes as compact UTF-8 JSON and ``depth`` levels of arrays and objects
+    (itself one)."""
+    def read(raw: Any, name: str) -> dict[str, Any]:
+        if not isinstance(raw, dict):
+            raise fail(name, "must be a JSON object")
+        if len(raw) > entries:
+            raise fail(name, f"must have at most {entries} entries, not {len(raw)}")
+        if json_deeper_than(raw, depth):
+            raise fail(name, f"must not nest arrays and objects more than {depth} levels deep")
+        try:
+            encoded = len(json.dumps(raw, ensure_ascii=False, separators=(",", ":"))
+                          .encode("utf-8", "surrogatepass"))
+        except (TypeError, ValueError):
+            raise fail(name, "must hold JSON values only") from None
+        if encoded > size:
+            raise fail(name, f"must be at most {size} bytes as JSON, not {encoded}")
+        obj: dict[str, Any] = raw
+        return obj
     return read

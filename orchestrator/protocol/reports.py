@@ -21,6 +21,7 @@ from orchestrator.protocol.fields import (
     flag,
     integer,
     items,
+    json_document,
     json_object,
     mapping,
     number,
@@ -42,6 +43,10 @@ MAX_REFUSALS = 16  # refused metric points a ``stored`` names
 
 # ---- the agent's messages
 
+MAX_HARDWARE_ENTRIES = 64
+MAX_HARDWARE_BYTES = 16 * 1024
+MAX_HARDWARE_DEPTH = 8
+
 
 @dataclass(frozen=True, kw_only=True)
 class Hello(Message):
@@ -51,7 +56,10 @@ class Hello(Message):
     TYPE = "hello"
     data_address: str = wire(address)
     data_key: str = wire(curve_key)  # the data plane's CURVE public key (Z85)
-    hardware: Mapping[str, Any] | None = wire(json_object(), None)
+    # what the agent says about its machine (shown on the dashboard): a few dozen entries
+    hardware: Mapping[str, Any] | None = wire(
+        json_document(entries=MAX_HARDWARE_ENTRIES, size=MAX_HARDWARE_BYTES,
+                      depth=MAX_HARDWARE_DEPTH), None)
     overhead_s: float | None = wire(seconds(10), None)
     message_s: float | None = wire(seconds(10), None)
     resources: tuple[DeviceResource, ...] | None = wire(resources_reader, None)

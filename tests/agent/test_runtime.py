@@ -307,8 +307,14 @@ def test_cli_errors_name_the_problem(tmp_path: Path) -> None:
     result = run_cli("enrol", "--server", "http://127.0.0.1:1", "--token", "t",
                      "--config", str(tmp_path / "a.json"))
     assert result.returncode == 2 and "cannot reach http://127.0.0.1:1" in result.stderr
-    result = run_cli("profile", "--model", "mlp", "--dataset", "npz:/nope.npz")
-    assert result.returncode == 2 and "/nope.npz: no such file" in result.stderr
+    result = run_cli("profile", "--model", "mlp", "--dataset", "npz:/nope.npz",
+                     env={"EDGEPIPE_DATA_DIR": ""})
+    assert result.returncode == 2 and "npz:/nope.npz: " in result.stderr
+    assert "pass --data-dir DIR" in result.stderr
+    result = run_cli("profile", "--model", "mlp", "--dataset", "npz:nope.npz",
+                     "--data-dir", str(tmp_path))
+    assert result.returncode == 2
+    assert "npz:nope.npz: no such file in this agent's data directory" in result.stderr
     for command in ("enrol", "run", "profile"):
         assert run_cli(command, "--help").returncode == 0
 

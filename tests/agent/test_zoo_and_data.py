@@ -75,7 +75,7 @@ def test_npz_files(tmp_path: Path) -> None:
     good = tmp_path / "good.npz"
     np.savez(good, x=np.random.rand(50, 8, 8).astype(np.float32),
              y=np.arange(50) % 3)
-    data = load_dataset(f"npz:{good}")
+    data = load_dataset(f"npz:{good}", data_dir=tmp_path)
     assert data.input_shape == (1, 8, 8) and data.num_classes == 3
     missing = tmp_path / "missing.npz"
     with pytest.raises(DataError, match=r"missing\.npz: no such file"):

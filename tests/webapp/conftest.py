@@ -13,6 +13,7 @@ from webapp.devices.models import Device
 
 @pytest.fixture
 def user(db: None) -> object:
+    """A logged-in user who is not staff: reads everything, manages no device."""
     return UserFactory()
 
 
@@ -21,6 +22,20 @@ def api(user: object) -> APIClient:
     """A client logged in with a Django session."""
     client = APIClient()
     client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def staff(db: None) -> object:
+    """A staff user: manages enrolment tokens, retires devices, drives their agents."""
+    return UserFactory(is_staff=True)
+
+
+@pytest.fixture
+def staff_api(staff: object) -> APIClient:
+    """A client logged in as a staff user."""
+    client = APIClient()
+    client.force_login(staff)
     return client
 
 

@@ -18,6 +18,7 @@ from tests.webapp.factories import (
     ModelSpecFactory,
     PlanFactory,
     RunFactory,
+    UserFactory,
     profile_document,
 )
 from webapp.devices.models import Device
@@ -44,7 +45,9 @@ def _agent(device: Device) -> APIClient:
 
 
 def token_create(api: APIClient) -> Endpoint:
-    return Endpoint(api, "post", "/api/enrollment-tokens/",
+    staff = APIClient()  # only staff users create enrolment tokens
+    staff.force_login(UserFactory(is_staff=True))
+    return Endpoint(staff, "post", "/api/enrollment-tokens/",
                     {"label": "lab", "max_uses": 2, "expires_in_s": 3600}, 201)
 
 

@@ -4,14 +4,14 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
+from webapp.accounts.views import LoginView
 from webapp.dashboard import apis, views
 
 app_name = "dashboard"
 
 urlpatterns = [
     path("", views.overview, name="overview"),
-    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True),
-         name="login"),
+    path("login/", LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("devices/", views.devices, name="devices"),
     path("devices/<int:device_id>/", views.device, name="device"),

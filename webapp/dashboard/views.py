@@ -22,6 +22,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
 from orchestrator.errors import PlanningError
+from webapp.common.permissions import staff_required
 from webapp.dashboard import selectors, services
 from webapp.dashboard.services import FormInvalid
 from webapp.devices import services as device_services
@@ -64,8 +65,10 @@ def overview(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_http_methods(["GET", "POST"])
+@staff_required(action="create enrolment tokens", methods=["POST"])
 def devices(request: HttpRequest) -> HttpResponse:
-    """The devices, live; POST creates an enrolment token and shows the agent's commands."""
+    """The devices, live; POST (staff only) creates an enrolment token and shows the agent's
+    commands."""
     enrolment, errors = None, {}
     if request.method == "POST":
         try:
@@ -110,6 +113,7 @@ def device(request: HttpRequest, device_id: int) -> HttpResponse:
 
 @login_required
 @require_POST
+@staff_required(action="retire devices")
 def device_retire(request: HttpRequest, device_id: int) -> HttpResponse:
     found = get_object_or_404(device_list(), pk=device_id)
     device_services.device_retire(device=found)

@@ -1,5 +1,8 @@
 """REST endpoints for devices: users manage enrolment tokens, devices and model specs and read
-profiles (session); agents enrol, send heartbeats and upload profiles (device key)."""
+profiles (session); agents enrol, send heartbeats and upload profiles (device key).
+
+Any logged-in user reads and renames; only staff users (webapp.common.permissions) create and
+revoke enrolment tokens, retire devices, stop agents and change their emulation."""
 
 from __future__ import annotations
 
@@ -12,12 +15,14 @@ from rest_framework.views import APIView
 
 from webapp.common import fields
 from webapp.common.api import get_or_404, validated
+from webapp.common.permissions import STAFF, STAFF_WRITES
 from webapp.devices import selectors, services
 from webapp.devices.auth import DeviceKeyAuthentication, IsDevice
 from webapp.devices.models import Device, ModelSpec
 
 MAX_TOKEN_TTL_S = 30 * 24 * 3600
 MAX_BYTES = 2**62
+MAX_ID = 2**63 - 1  # the primary keys' range (BigAutoField): a larger id overflows the query
 
 
 class TokenOutput(serializers.Serializer):
@@ -90,6 +95,9 @@ class ProfileDetailOutput(ProfileOutput):
 
 
 class TokenListCreateApi(APIView):
+    permission_classes = STAFF_WRITES
+    staff_action = "create enrolment tokens"
+
     class TokenCreateInput(serializers.Serializer):
         label = fields.CharField(max_length=100, required=False, allow_blank=True, default="")
         max_uses = fields.IntegerField(min_value=1, max_value=1000, required=False, default=1)
@@ -103,7 +111,8 @@ class TokenListCreateApi(APIView):
     def get(self, request: Request) -> Response:
         return Response(TokenOutput(selectors.enrollment_token_list(), many=True).data)
 
-    @extend_schema(request=TokenCreateInput, responses={201: CreatedOutput})
+    @extend_schema(request=TokenCreateInput, responses={201: CreatedOutput},
+                   description="Staff only (403); any logged-in user lists the tokens.")
     def post(self, request: Request) -> Response:
         data = validated(self.TokenCreateInput, request)
         token, secret = services.enrollment_token_create(created_by=request.user, **data)
@@ -112,7 +121,10 @@ class TokenListCreateApi(APIView):
 
 
 class TokenRevokeApi(APIView):
-    @extend_schema(request=None, responses=TokenOutput)
+    permission_classes = STAFF
+    staff_action = "revoke enrolment tokens"
+
+    @extend_schema(request=None, responses=TokenOutput, description="Staff only (403).")
     def post(self, request: Request, token_id: int) -> Response:
         token = get_or_404(selectors.enrollment_token_list(), token_id, what="enrolment token")
         return Response(TokenOutput(services.enrollment_token_revoke(token=token)).data)
@@ -150,7 +162,12 @@ class DeviceDetailApi(APIView):
 
 
 class DeviceRetireApi(APIView):
-    @extend_schema(request=None, responses=DeviceOutput)
+    permission_classes = STAFF
+    staff_action = "retire devices"
+
+    @extend_schema(request=None, responses=DeviceOutput,
+                   description="Take the device out of service: its key stops working and its "
+                               "agent's connection is closed. Staff only (403).")
     def post(self, request: Request, device_id: int) -> Response:
         device = get_or_404(selectors.device_list(), device_id, what="device")
         return Response(DeviceOutput(services.device_retire(device=device)).data)
@@ -170,6 +187,9 @@ class DeviceProfileRequestApi(APIView):
 
 
 class DeviceStopAgentApi(APIView):
+    permission_classes = STAFF
+    staff_action = "stop a device's agent"
+
     class StopAgentOutput(serializers.Serializer):
         command = serializers.CharField(help_text="the id of the command sent")
         device = serializers.CharField(help_text="the device's uid")
@@ -177,7 +197,7 @@ class DeviceStopAgentApi(APIView):
 
     @extend_schema(request=None, responses={202: StopAgentOutput},
                    description="Fault injection: the device's agent exits at once, as if "
-                               "killed. 409 when no agent is connected.")
+                               "killed. 409 when no agent is connected. Staff only (403).")
     def post(self, request: Request, device_id: int) -> Response:
         device = get_or_404(selectors.device_list(), device_id, what="device")
         command = services.device_agent_stop(device=device)
@@ -187,6 +207,9 @@ class DeviceStopAgentApi(APIView):
 
 
 class DeviceEmulateApi(APIView):
+    permission_classes = STAFF
+    staff_action = "change a device's emulation"
+
     class EmulateInput(serializers.Serializer):
         slowdown = serializers.FloatField(min_value=1.0, max_value=1000.0,
                                           help_text="compute this many times slower than now "
@@ -195,7 +218,7 @@ class DeviceEmulateApi(APIView):
     @extend_schema(request=EmulateInput, responses={202: DeviceStopAgentApi.StopAgentOutput},
                    description="Emulation: the device's agent computes `slowdown` times slower "
                                "from now on (as `--slowdown` does at start). 409 when no agent "
-                               "is connected.")
+                               "is connected. Staff only (403).")
     def post(self, request: Request, device_id: int) -> Response:
         device = get_or_404(selectors.device_list(), device_id, what="device")
         data = validated(self.EmulateInput, request)
@@ -255,8 +278,11 @@ class ModelSpecListCreateApi(APIView):
 
 class ProfileListApi(APIView):
     class ProfileFilter(serializers.Serializer):
-        device = serializers.IntegerField(required=False, source="device_id")
-        model_spec = serializers.IntegerField(required=False, source="model_spec_id")
+        device = serializers.IntegerField(required=False, source="device_id", min_value=1,
+                                          max_value=MAX_ID, help_text="a device's id")
+        model_spec = serializers.IntegerField(required=False, source="model_spec_id",
+                                              min_value=1, max_value=MAX_ID,
+                                              help_text="a model spec's id")
 
     @extend_schema(parameters=[ProfileFilter], responses=ProfileOutput(many=True))
     def get(self, request: Request) -> Response:

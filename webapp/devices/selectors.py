@@ -13,6 +13,14 @@ from webapp.devices.models import Device, DeviceLink, EnrollmentToken, LayerProf
 # Compared against when the uid is unknown, so that a wrong uid costs the same as a wrong key.
 _DUMMY_HASH = secret_hash("no-such-device")
 
+# The agents' zoo (agent/zoo.py, which the server does not import): each model's number of
+# cuttable layers, the same for every input shape. tests/webapp/devices/test_profile_limits.py
+# checks it against the zoo.
+ZOO_NUM_LAYERS = {"mlp": 4, "vgg5": 5, "resnet18": 10, "mobilenetv2": 20, "alexnet": 8}
+# the layers of a model outside the zoo (a profile measured elsewhere, data/profiles) before a
+# profile of it fixes their number
+MAX_PROFILE_LAYERS = 1000
+
 
 def enrollment_token_list() -> QuerySet[EnrollmentToken]:
     return EnrollmentToken.objects.select_related("created_by")
@@ -36,6 +44,21 @@ def device_by_credentials(*, uid: str, key: str) -> Device | None:
 
 def model_spec_list() -> QuerySet[ModelSpec]:
     return ModelSpec.objects.all()
+
+
+def model_num_layers(*, model_spec: ModelSpec, exclude_device: Device | None = None
+                     ) -> int | None:
+    """How many layers ``model_spec``'s model has: the zoo's number for a zoo model; for
+    another, that of the spec's first profile (of a device other than ``exclude_device``, whose
+    own profile a new upload replaces); None when nothing says yet."""
+    if model_spec.model in ZOO_NUM_LAYERS:
+        return ZOO_NUM_LAYERS[model_spec.model]
+    profiles = LayerProfile.objects.filter(model_spec=model_spec)
+    if exclude_device is not None:
+        profiles = profiles.exclude(device=exclude_device)
+    first: int | None = (profiles.order_by("measured_at", "pk")
+                         .values_list("num_layers", flat=True).first())
+    return first
 
 
 def layer_profile_list(*, device_id: int | None = None, model_spec_id: int | None = None

@@ -6,8 +6,11 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Sequence
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
@@ -26,12 +29,16 @@ from orchestrator.protocol import (
 )
 from webapp.common.exceptions import Conflict, InvalidInput
 from webapp.common.secrets import secret_digest, secret_hash, secret_new
-from webapp.devices.commands import device_command_send
+from webapp.devices.commands import device_command_send, device_group
 from webapp.devices.events import device_event_send
 from webapp.devices.models import Device, DeviceLink, EnrollmentToken, LayerProfile, ModelSpec
+from webapp.devices.selectors import MAX_PROFILE_LAYERS, model_num_layers
 
 TOKEN_PREFIX = "ept"
 KEY_PREFIX = "edk"
+# the close code of a retired device's control connection (4000 + HTTP 403: its key no longer
+# opens anything); the gateway consumer closes with the code the message carries
+CLOSE_RETIRED = 4003
 
 
 def enrollment_token_create(*, created_by: AbstractBaseUser | None, label: str = "",
@@ -98,14 +105,26 @@ def device_rename(*, device: Device, name: str) -> Device:
     return device
 
 
+def _connection_close(uid: str, *, code: int, reason: str) -> None:
+    """Have the gateway close the control connection(s) of device ``uid``: every one in its
+    Channels group (webapp.gateway.consumers.AgentConsumer.agent_close)."""
+    async_to_sync(get_channel_layer().group_send)(
+        device_group(uid), {"type": "agent.close", "code": code, "reason": reason})
+
+
 def device_retire(*, device: Device) -> Device:
-    """Take a device out of service: its key stops working and new runs cannot use it."""
+    """Take a device out of service: its key stops working, new runs cannot use it, and its
+    agent's control connection is closed (code CLOSE_RETIRED) once this commits; the runs it
+    trained in recover without it, as after any disconnection. Retiring again closes any
+    connection again."""
     if device.status != Device.Status.RETIRED:
         device.status = Device.Status.RETIRED
         device.retired_at = timezone.now()
         device.key_hash = ""
         device.save(update_fields=["status", "retired_at", "key_hash"])
         device_event_send(device)
+    transaction.on_commit(partial(_connection_close, device.uid, code=CLOSE_RETIRED,
+                                  reason="device retired"))
     return device
 
 
@@ -179,9 +198,28 @@ def profile_parse(document: Any, *, field: str = "profile") -> ModelProfile:
         raise InvalidInput(f"{field}.{exc.field}" if exc.field else field, exc.reason) from None
 
 
+def _check_layer_count(*, device: Device, model_spec: ModelSpec, document: Any) -> None:
+    """A profile must have the model's number of layers (the zoo's, or for a model outside it
+    the one the other devices' profiles of the spec have; at most MAX_PROFILE_LAYERS for a
+    first one): checked before the profile is parsed, which takes long for a huge one."""
+    layers = document.get("layers") if isinstance(document, dict) else None
+    if not isinstance(layers, list) or not layers:
+        return  # the parse names what is wrong
+    expected = model_num_layers(model_spec=model_spec, exclude_device=device)
+    if expected is not None and len(layers) != expected:
+        raise InvalidInput("profile.layers", f"has {len(layers)} layers but {model_spec.model} "
+                                             f"(model spec {model_spec.pk}) has {expected}")
+    if expected is None and len(layers) > MAX_PROFILE_LAYERS:
+        raise InvalidInput("profile.layers", f"has {len(layers)} layers, more than the "
+                                             f"{MAX_PROFILE_LAYERS} a model may have")
+
+
 def layer_profile_upload(*, device: Device, model_spec: ModelSpec, document: Any
                          ) -> LayerProfile:
-    """Store (or replace) the profile a device measured for a model spec."""
+    """Store (or replace) the profile a device measured for a model spec; InvalidInput naming
+    the field when it does not fit the spec (its model, batch size, data set or number of
+    layers)."""
+    _check_layer_count(device=device, model_spec=model_spec, document=document)
     profile = profile_parse(document)
     if profile.model != model_spec.model:
         raise InvalidInput("profile.model", f"is {profile.model!r} but model spec "

@@ -3,7 +3,8 @@
 hands every message to :func:`webapp.gateway.services.agent_message`, which reads it as its
 typed form (orchestrator.protocol). Pings are answered here, without the database, so that
 agents can measure their clock offset. A message refused gets ``error {detail, field,
-in_reply_to}`` and the connection stays open."""
+in_reply_to}`` and the connection stays open; so does a frame that is no message at all (binary,
+not JSON, or arrays and objects nested more than MAX_DEPTH levels deep)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from orchestrator.protocol import ErrorReply, Message, Ping, Pong, ProtocolError
+from orchestrator.protocol.fields import read_json_text
 from webapp.common.exceptions import ApplicationError
 from webapp.devices.commands import device_group
 from webapp.devices.selectors import device_by_credentials
 from webapp.gateway import services
 
 CLOSE_UNAUTHENTICATED = 4401
+CLOSE_POLICY = 4003  # told to close (a retired device) without a code of its own
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +66,21 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         await database_sync_to_async(services.agent_disconnected)(device_id=self.device_id,
                                                                   channel=self.channel_name)
 
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None,
+                      **kwargs: Any) -> None:
+        """A frame: read as JSON here (Channels' own reading raised on a binary frame, on text
+        that is not JSON, and with RecursionError on one nested a thousand levels deep, which
+        closed the connection with 1011 and sent the device's runs into recovery)."""
+        try:
+            if text_data is None:
+                reason = "must be a JSON text frame, not a binary one"
+                raise ProtocolError(f"a message {reason}", reason=reason)
+            content = read_json_text(text_data)
+        except ProtocolError as exc:
+            await self.send_json(ErrorReply(detail=str(exc), field=exc.field).to_json())
+            return
+        await self.receive_json(content, **kwargs)
+
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         kind = content.get("type") if isinstance(content, dict) else None
         reply: Message | None
@@ -88,3 +106,11 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
 
     async def agent_command(self, message: dict[str, Any]) -> None:
         await self.send_json(message["command"])
+
+    async def agent_close(self, message: dict[str, Any]) -> None:
+        """``agent.close`` on the device's group: the server closes this connection (its device
+        was retired: webapp.devices.services.device_retire) with the code the message carries;
+        the disconnect that follows is handled as any other (services.agent_disconnected)."""
+        code = message.get("code")
+        await self.close(code=code if isinstance(code, int) else CLOSE_POLICY,
+                         reason=str(message.get("reason") or "")[:120] or None)

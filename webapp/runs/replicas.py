@@ -8,6 +8,12 @@ tensor names are ``<layer index>.<name in the layer>``: any later stage layout c
 layers it needs out of it. The server keeps the two newest ``applied`` of each layer range, as
 every holder does: the newest may be incomplete across stages (one stage uploaded it, another
 not yet), the one before is then the resume point.
+
+A device uploads only while the run is active (starting, running, recovering or paused: else a
+409) and only layers of its own stage in the run's current plan (while the run recovers, of
+the plan being replaced or of the one being deployed: else a 403 naming the field). Uploads
+and downloads name layers of the run's model only (a 400 past its last layer), so that merging
+a download costs at most one step per layer of the model.
 """
 
 from __future__ import annotations
@@ -32,9 +38,11 @@ from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
 
 from orchestrator.redistribution import tensor_layer
-from webapp.common.exceptions import ApplicationError, InvalidInput
+from webapp.common.exceptions import ApplicationError, Conflict, FieldError, InvalidInput
 from webapp.devices.models import Device
-from webapp.runs.models import Run, RunDevice, WeightReplica
+from webapp.devices.selectors import model_num_layers
+from webapp.runs.models import Run, WeightReplica
+from webapp.runs.states import ACTIVE, RunState
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +62,92 @@ class ReplicaMissing(ApplicationError):
                          f"{applied} on the server")
         self.layer = layer
         self.applied = applied
+
+
+class NotItsLayers(ApplicationError):
+    """An upload of layers that are not the uploading device's to give (403): it holds no
+    stage of the run's current plan, or its stage has other layers. Names the field."""
+
+    status_code = 403
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.errors = (FieldError(field, reason),)
+
+
+def _current_plans(run: Run) -> list[dict[str, Any]]:
+    """The plan documents whose stages the run's devices run now: the chosen plan while it
+    starts (a start after an earlier failure leaves that one's plan in ``recovery``), the
+    current generation's plan after, and while it recovers also the next generation's, once
+    re-planned (its devices are deploying it)."""
+    recovery = run.recovery if isinstance(run.recovery, dict) else {}
+    documents: list[Any] = []
+    if run.state != RunState.STARTING:
+        documents.append(recovery.get("plan"))
+    if not any(documents) and run.chosen_plan_id is not None:
+        documents = [Run.objects.filter(pk=run.pk).values_list("chosen_plan__document",
+                                                               flat=True).first()]
+    if run.state == RunState.RECOVERING:
+        documents.append(recovery.get("next_plan"))
+    return [d for d in documents if isinstance(d, dict)]
+
+
+def _stages(document: dict[str, Any]) -> list[tuple[int, int, tuple[str, ...]]]:
+    """``(first, last, device uids)`` of each stage of a stored plan document."""
+    stages = document.get("stages")
+    out = []
+    for stage in stages if isinstance(stages, list) else ():
+        layers = stage.get("layers") if isinstance(stage, dict) else None
+        devices = stage.get("devices") if isinstance(stage, dict) else None
+        if (isinstance(layers, list) and len(layers) == 2 and isinstance(devices, list)
+                and all(isinstance(v, int) and not isinstance(v, bool) for v in layers)):
+            out.append((layers[0], layers[1], tuple(str(d) for d in devices)))
+    return out
+
+
+def run_num_layers(run: Run) -> int | None:
+    """How many layers the run's model has: as its current plan cuts it (the stages cover
+    them all), before it has one as the model spec says (devices.selectors.model_num_layers);
+    None when nothing says."""
+    for document in _current_plans(run):
+        stages = _stages(document)
+        if stages:
+            return max(last for _, last, _ in stages) + 1
+    return model_num_layers(model_spec=run.model_spec)
+
+
+def _check_model_layers(run: Run, last: int) -> None:
+    """A range first..last (first <= last) must end at a layer of the run's model (400 naming
+    ``last`` otherwise)."""
+    count = run_num_layers(run)
+    if count is None:
+        raise Conflict(f"run {run.pk} has no plan and its model's layers are unknown: it "
+                       "holds no replica", state=run.state, action="store or read replicas")
+    if last >= count:
+        raise InvalidInput("last", f"is {last}, past the last layer ({count - 1}) of run "
+                                   f"{run.pk}'s model ({count} layers)")
+
+
+def _check_uploader(run: Run, device: Device, first: int, last: int) -> None:
+    """An upload of first..last by ``device`` needs the run active (409) and the layers within
+    the device's own stage in the run's current plan (403 naming the field)."""
+    if run.state not in ACTIVE:
+        *some, last_one = [s for s in RunState.values if s in ACTIVE]
+        raise Conflict(f"run {run.pk} is {run.state}: it takes replicas only while it is "
+                       f"{', '.join(some)} or {last_one}", state=run.state,
+                       action="upload a replica")
+    own = sorted({(a, e) for document in _current_plans(run)
+                  for a, e, devices in _stages(document) if device.uid in devices})
+    if not own:
+        raise NotItsLayers("device", f"device {device.uid} holds no stage of run {run.pk}'s "
+                                     "current plan")
+    if any(a <= first and last <= e for a, e in own):
+        return
+    field = "last" if any(a <= first <= e for a, e in own) else "first"
+    held = " or ".join(f"{a}..{e}" for a, e in own)
+    raise NotItsLayers(field, f"layers {first}..{last} are not all of device {device.uid}'s "
+                              f"stage of run {run.pk} (layers {held}): a device uploads its own "
+                              "stage's layers only")
 
 
 def replica_dir(run_id: int) -> Path:
@@ -132,12 +226,13 @@ def _write_atomically(directory: Path, data: bytes) -> Path:
 def replica_store(*, run: Run, device: Device, first: int, last: int, applied: int,
                   data: bytes) -> WeightReplica:
     """Keep ``data``, the weights of layers ``first``..``last`` at ``applied`` that ``device``
-    (a staged device of ``run``) uploaded; InvalidInput naming the field, and nothing stored,
-    if it is not that. The same (layers, applied) again replaces the earlier upload; of each
-    layer range only the two newest applied are kept."""
+    (a device of ``run``'s current plan, those layers its stage's) uploaded; InvalidInput
+    naming the field (or Conflict: the run is not active; NotItsLayers: not its layers), and
+    nothing stored, if it is not that. The same (layers, applied) again replaces the earlier
+    upload; of each layer range only the two newest applied are kept."""
     _check_range(first, last, applied)
-    if not RunDevice.objects.filter(run=run, device=device, stage__isnull=False).exists():
-        raise InvalidInput("device", f"device {device.uid} holds no stage of run {run.pk}")
+    _check_model_layers(run, last)
+    _check_uploader(run, device, first, last)
     _check_tensors(data, run=run, first=first, last=last, applied=applied)
     directory = replica_dir(run.pk)
     relative = f"run-{run.pk}/{first}-{last}@{applied}.safetensors"
@@ -145,7 +240,11 @@ def replica_store(*, run: Run, device: Device, first: int, last: int, applied: i
     tmp = _write_atomically(directory, data)
     try:
         with transaction.atomic():
-            Run.objects.select_for_update().only("pk").get(pk=run.pk)  # one upload at a time
+            # one upload at a time, checked against the run as it is now (a recovery may have
+            # moved the device's stage meanwhile)
+            locked = (Run.objects.select_for_update()
+                      .only("pk", "state", "recovery", "chosen_plan").get(pk=run.pk))
+            _check_uploader(locked, device, first, last)
             newer = list(WeightReplica.objects.filter(run=run, first=first, last=last,
                                                       applied__gt=applied)
                          .order_by("-applied").values_list("applied", flat=True)[:KEEP])
@@ -196,6 +295,7 @@ def replica_read(*, run: Run, first: int, last: int, applied: int) -> bytes:
     merged from the stored replicas (a new stage's range rarely matches an old one's);
     ReplicaMissing (404) naming the first layer no replica holds."""
     _check_range(first, last, applied)
+    _check_model_layers(run, last)
     rows = {r.pk: r for r in WeightReplica.objects.filter(
         run=run, applied=applied, first__lte=last, last__gte=first)}
     tensors: dict[str, torch.Tensor] = {}

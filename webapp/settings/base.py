@@ -12,6 +12,9 @@ Two topologies, chosen by which variables are set:
 
 from __future__ import annotations
 
+import contextlib
+import os
+import stat
 from pathlib import Path
 
 import environ
@@ -22,6 +25,26 @@ env = environ.Env()
 environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
 VAR_DIR = Path(env.str("EDGEPIPE_VAR_DIR", default=str(BASE_DIR / "var"))).resolve()
+
+
+def private_dir(path: Path) -> None:
+    """Create ``path`` (var/, the database's directory) readable by this user only (0700):
+    the database, the sessions, queued tasks and uploaded weights live there. A directory that
+    exists is left as it is (EDGEPIPE_VAR_DIR may name a shared one)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+def private_file(path: Path) -> None:
+    """Create ``path`` empty and readable by this user only (0600); if it exists, take away
+    group's and others' access (when it is this user's file)."""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode & 0o077:
+            with contextlib.suppress(PermissionError):  # another user's: theirs to protect
+                path.chmod(mode & ~0o077)
+
 
 SECRET_KEY = env.str("SECRET_KEY", default="")
 DEBUG = env.bool("DEBUG", default=False)
@@ -46,6 +69,7 @@ INSTALLED_APPS = [
     "webapp.dashboard",
     "webapp.gateway",
     "webapp.demo",
+    "webapp.accounts",
 ]
 
 MIDDLEWARE = [
@@ -84,7 +108,7 @@ DATABASES = {
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     if DATABASES["default"]["NAME"] != ":memory:":
-        Path(DATABASES["default"]["NAME"]).parent.mkdir(parents=True, exist_ok=True)
+        private_dir(Path(DATABASES["default"]["NAME"]).parent)
     # The web process and the worker write to one file: take the write lock when a transaction
     # begins (no deadlock between two readers upgrading), wait for it rather than fail, and let
     # readers proceed during a write.
@@ -124,6 +148,15 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = 8 * 2**20
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"
+# Password guessing: after this many failed logins for one username, or from one address,
+# within the window, logins are refused (429, the form says so) until the window has passed
+# since the oldest of them (webapp.accounts.throttle; counted in the cache below).
+LOGIN_FAILURES_LIMIT = env.int("LOGIN_FAILURES_LIMIT", default=10)
+LOGIN_FAILURES_WINDOW_S = env.int("LOGIN_FAILURES_WINDOW_S", default=15 * 60)
+AUTHENTICATION_BACKENDS = [
+    "webapp.accounts.backends.LoginThrottleBackend",  # refuses a throttled login, first
+    "django.contrib.auth.backends.ModelBackend",
+]
 
 # --------------------------------------------------------------------------- Redis or embedded
 
@@ -143,6 +176,25 @@ else:
     # One process only: events sent from a Celery worker do not reach the web process's
     # consumers, which answer a {"type": "snapshot"} request with the current state instead.
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# The cache (failed logins) is shared by the web processes: Redis, or files under var/ (not
+# process memory: it outlives a restart, and the worker sees it).
+if REDIS_URL:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": f"{REDIS_KEY_PREFIX}:cache",
+        },
+    }
+else:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+            "LOCATION": str(VAR_DIR / "cache"),  # created 0700, its files 0600
+            "OPTIONS": {"MAX_ENTRIES": 10_000},
+        },
+    }
 
 # --------------------------------------------------------------------------- Celery
 
@@ -182,6 +234,7 @@ else:
         "store_processed": False,
     }
     CELERY_RESULT_BACKEND = f"file://{VAR_DIR / 'celery' / 'results'}"
+    private_dir(VAR_DIR)
     for _name in ("queue", "control", "results"):
         (VAR_DIR / "celery" / _name).mkdir(parents=True, exist_ok=True)
 

@@ -1,5 +1,6 @@
-"""Fixtures of the dashboard's tests: a logged-in browser client and a run planned with the
-real planners and simulator on three profiled devices."""
+"""Fixtures of the dashboard's tests: logged-in browser clients (a staff user, the operator who
+adds and retires devices; a viewer, who is not staff) and a run planned with the real planners
+and simulator on three profiled devices."""
 
 from __future__ import annotations
 
@@ -19,6 +20,15 @@ from webapp.runs.models import Run
 
 @pytest.fixture
 def browser(db: None) -> Client:
+    """A staff user's browser: every button and form of the dashboard."""
+    client = Client()
+    client.force_login(UserFactory(is_staff=True))
+    return client
+
+
+@pytest.fixture
+def viewer(db: None) -> Client:
+    """A logged-in user who is not staff: reads every page, manages no device."""
     client = Client()
     client.force_login(UserFactory())
     return client

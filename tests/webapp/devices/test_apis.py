@@ -14,22 +14,22 @@ from webapp.devices.models import Device, EnrollmentToken, LayerProfile
 pytestmark = pytest.mark.django_db
 
 
-def test_token_secret_is_shown_once_then_only_its_prefix(api, user):
-    created = api.post("/api/enrollment-tokens/", {"label": "lab", "max_uses": 2},
-                       format="json")
+def test_token_secret_is_shown_once_then_only_its_prefix(staff_api, staff, api):
+    created = staff_api.post("/api/enrollment-tokens/", {"label": "lab", "max_uses": 2},
+                             format="json")
     assert created.status_code == 201
     body = created.json()
     assert body["token"].startswith("ept_") and body["prefix"] == body["token"][:10]
-    assert body["created_by"] == user.username and body["max_uses"] == 2
+    assert body["created_by"] == staff.username and body["max_uses"] == 2
     assert EnrollmentToken.objects.get().token_digest == secret_digest(body["token"])
     listed = api.get("/api/enrollment-tokens/").json()
     assert [t["id"] for t in listed] == [body["id"]]
     assert "token" not in listed[0] and body["token"] not in str(listed)
 
 
-def test_revoked_token_no_longer_enrols(api, anon):
+def test_revoked_token_no_longer_enrols(staff_api, anon):
     token = EnrollmentTokenFactory()
-    revoked = api.post(f"/api/enrollment-tokens/{token.pk}/revoke/")
+    revoked = staff_api.post(f"/api/enrollment-tokens/{token.pk}/revoke/")
     assert revoked.status_code == 200 and revoked.json()["revoked_at"] is not None
     answer = anon.post("/api/agent/enrol/", testbed.enrol_body(testbed.DEVICES[0], token.secret),
                        format="json")
@@ -52,7 +52,7 @@ def test_enrolled_device_authenticates_with_the_header_it_was_given(anon, api):
         "description": "Raspberry Pi 4 B, Cortex-A72, 4 GB"}
 
 
-def test_devices_list_detail_rename_retire(api, agent):
+def test_devices_list_detail_rename_retire(api, staff_api, agent):
     device = DeviceFactory(name="old")
     DeviceFactory(status=Device.Status.OFFLINE)
     assert len(api.get("/api/devices/").json()) == 2
@@ -61,18 +61,18 @@ def test_devices_list_detail_rename_retire(api, agent):
     assert renamed.status_code == 200
     assert renamed.json()["name"] == "new" and renamed.json()["uid"] == device.uid
     assert agent(device).get("/api/agent/me/").status_code == 200
-    retired = api.post(f"/api/devices/{device.pk}/retire/")
+    retired = staff_api.post(f"/api/devices/{device.pk}/retire/")
     assert retired.json()["status"] == "retired"
     assert agent(device).get("/api/agent/me/").status_code == 401
 
 
-def test_unknown_ids_are_404_with_a_readable_detail(api):
+def test_unknown_ids_are_404_with_a_readable_detail(api, staff_api):
     for url in ("/api/devices/999/", "/api/profiles/999/"):
         answer = api.get(url)
         assert answer.status_code == 404
         assert answer.json()["detail"].endswith("999 does not exist")
-    assert api.post("/api/enrollment-tokens/999/revoke/").status_code == 404
-    assert api.post("/api/devices/999/retire/").status_code == 404
+    assert staff_api.post("/api/enrollment-tokens/999/revoke/").status_code == 404
+    assert staff_api.post("/api/devices/999/retire/").status_code == 404
 
 
 def test_model_spec_create_returns_the_existing_one_the_second_time(api):

@@ -124,13 +124,13 @@ def test_model_spec_get_or_create_is_idempotent():
 def test_profile_upload_stores_and_replaces_the_devices_profile():
     device, spec = DeviceFactory(), ModelSpecFactory()
     services.layer_profile_upload(device=device, model_spec=spec,
-                                  document=profile_document(layers=3))
+                                  document=profile_document(layers=4))
     stored = services.layer_profile_upload(device=device, model_spec=spec,
-                                           document=profile_document(layers=5, scale=2.0))
+                                           document=profile_document(layers=4, scale=2.0))
     assert LayerProfile.objects.count() == 1
-    assert stored.num_layers == 5
-    assert stored.forward_s == pytest.approx(2.0 * 0.01 * (1 + 2 + 3 + 4 + 5))
-    assert stored.document["layers"][4]["backward_s"] == pytest.approx(0.2)
+    assert stored.num_layers == 4
+    assert stored.forward_s == pytest.approx(2.0 * 0.01 * (1 + 2 + 3 + 4))
+    assert stored.document["layers"][3]["backward_s"] == pytest.approx(0.16)
 
 
 @pytest.mark.parametrize(("document", "field", "reason"), [

@@ -23,12 +23,13 @@ def listen(uid: str) -> str:
     return channel
 
 
-def test_stop_agent_sends_exit_to_the_devices_agent(api, django_capture_on_commit_callbacks):
+def test_stop_agent_sends_exit_to_the_devices_agent(staff_api,
+                                                     django_capture_on_commit_callbacks):
     device = DeviceFactory(control_channel="specific.agent!1")
     other = DeviceFactory(control_channel="specific.agent!2")
     channel, elsewhere = listen(device.uid), listen(other.uid)
     with django_capture_on_commit_callbacks(execute=True):
-        answer = api.post(f"/api/devices/{device.pk}/stop-agent/")
+        answer = staff_api.post(f"/api/devices/{device.pk}/stop-agent/")
     assert answer.status_code == 202, answer.content
     body = answer.json()
     assert body["device"] == device.uid and body["sent"] == "exit"
@@ -44,12 +45,13 @@ def test_stop_agent_sends_exit_to_the_devices_agent(api, django_capture_on_commi
      "has no agent connected"),
     ({"control_channel": "", "status": Device.Status.RETIRED}, "is retired"),
 ])
-def test_stop_agent_without_an_agent_is_a_409_saying_why(api, django_capture_on_commit_callbacks,
+def test_stop_agent_without_an_agent_is_a_409_saying_why(staff_api,
+                                                         django_capture_on_commit_callbacks,
                                                          fields, says):
     device = DeviceFactory(name="pi", **fields)
     channel = listen(device.uid)
     with django_capture_on_commit_callbacks(execute=True) as sent:
-        answer = api.post(f"/api/devices/{device.pk}/stop-agent/")
+        answer = staff_api.post(f"/api/devices/{device.pk}/stop-agent/")
     assert answer.status_code == 409
     body = answer.json()
     assert body["detail"].startswith(f"device 'pi' ({device.uid}) ") and says in body["detail"]
@@ -57,9 +59,9 @@ def test_stop_agent_without_an_agent_is_a_409_saying_why(api, django_capture_on_
     assert sent == [] and drain(channel) == []
 
 
-def test_stop_agent_needs_a_session_and_a_known_device(anon, api):
+def test_stop_agent_needs_a_session_and_a_known_device(anon, staff_api):
     device = DeviceFactory(control_channel="specific.agent!1")
     assert anon.post(f"/api/devices/{device.pk}/stop-agent/").status_code in (401, 403)
-    missing = api.post("/api/devices/999/stop-agent/")
+    missing = staff_api.post("/api/devices/999/stop-agent/")
     assert missing.status_code == 404 and missing.json()["detail"] == "device 999 does not exist"
-    assert api.get(f"/api/devices/{device.pk}/stop-agent/").status_code == 405
+    assert staff_api.get(f"/api/devices/{device.pk}/stop-agent/").status_code == 405

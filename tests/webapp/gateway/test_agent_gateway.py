@@ -506,7 +506,7 @@ def test_a_profile_measured_on_command_becomes_the_devices_profile() -> None:
     device = DeviceFactory(data_address="")
     layers = [{"name": f"l{i}", "kind": "dense", "forward_s": 0.001, "backward_s": 0.002,
                "output_bytes": 100, "param_bytes": 10, "activation_bytes": 100}
-              for i in range(3)]
+              for i in range(4)]  # the mlp's four layers
     profile = {"model": "mlp", "batch_size": 16, "reference": device.uid, "layers": layers}
 
     async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -526,7 +526,7 @@ def test_a_profile_measured_on_command_becomes_the_devices_profile() -> None:
     stored, refused = async_to_sync(scenario)()
     assert stored["type"] == "profile_stored"
     saved = device.profiles.get()
-    assert saved.model_spec.pk == stored["model_spec"] and saved.num_layers == 3
+    assert saved.model_spec.pk == stored["model_spec"] and saved.num_layers == 4
     assert refused["type"] == "error" and refused["field"].startswith("profile")
 
 

@@ -34,11 +34,25 @@ def weights(a: int, e: int, *, value: float = 1.0, **metadata: object) -> bytes:
     return save(tensors, metadata={k: str(v) for k, v in metadata.items()} or None)
 
 
+def plan_document(*stages: tuple[int, int, list]) -> dict:
+    """A plan whose stages hold layers first..last on these devices."""
+    return {"algorithm": "test", "stages": [
+        {"layers": [a, e], "devices": [d.uid for d in devices]} for a, e, devices in stages]}
+
+
+def use_plan(run: Run, *stages: tuple[int, int, list]) -> None:
+    """Make ``stages`` the run's current plan (a run's generation as it runs)."""
+    run.recovery = {**run.recovery, "plan": plan_document(*stages)}
+    run.save(update_fields=["recovery"])
+    for k, (_, _, devices) in enumerate(stages):
+        RunDevice.objects.filter(run=run, device__in=devices).update(stage=k)
+
+
 def staged_run(stages: int = 2) -> tuple[Run, list]:
+    """A running run of a 3 x ``stages``-layer model, device k holding layers 3k..3k+2."""
     devices = [DeviceFactory() for _ in range(stages)]
     run = RunFactory(state=Run.State.RUNNING, devices=devices)
-    for k, device in enumerate(devices):
-        RunDevice.objects.filter(run=run, device=device).update(stage=k)
+    use_plan(run, *[(3 * k, 3 * k + 2, [d]) for k, d in enumerate(devices)])
     return run, devices
 
 
@@ -199,9 +213,9 @@ def test_only_a_staged_device_of_the_run_uploads_or_downloads(agent, api, replic
     idle = DeviceFactory()
     RunDevice.objects.create(run=run, device=idle, position=5)
     answer = put(agent(idle), run, 0, 1, 8, weights(0, 1))
-    assert answer.status_code == 400
-    assert answer.json()["errors"][0] == {
-        "field": "device", "reason": f"device {idle.uid} holds no stage of run {run.pk}"}
+    assert answer.status_code == 403
+    assert answer.json() == {"detail": f"device: device {idle.uid} holds no stage of run "
+                                       f"{run.pk}'s current plan"}
     assert list(WeightReplica.objects.values_list("applied", flat=True)) == [4]
     assert stored_files(replica_dir) == ["0-1@4.safetensors"]
 
@@ -221,8 +235,10 @@ def test_replica_store_refuses_bad_input_before_writing(replica_dir):
 def test_overlapping_layouts_take_each_layer_once(agent):
     """After a re-partition the old and the new layout's replicas may both hold a layer."""
     run, (a, b) = staged_run()
-    put(agent(a), run, 0, 3, 8, weights(0, 3, value=1.0))
-    put(agent(b), run, 2, 5, 8, weights(2, 5, value=50.0))
+    use_plan(run, (0, 3, [a]), (4, 5, [b]))
+    assert put(agent(a), run, 0, 3, 8, weights(0, 3, value=1.0)).status_code == 201
+    use_plan(run, (0, 1, [a]), (2, 5, [b]))  # a re-partition
+    assert put(agent(b), run, 2, 5, 8, weights(2, 5, value=50.0)).status_code == 201
     merged = load(replicas.replica_read(run=run, first=0, last=5, applied=8))
     assert len(merged) == 12
     assert torch.equal(merged["1.bias"], torch.full((2,), 2.0))  # only the first holds it
@@ -240,7 +256,7 @@ def test_deleting_a_run_deletes_its_replica_files(agent, replica_dir,
                                                    django_capture_on_commit_callbacks):
     run, (a, b) = staged_run()
     put(agent(a), run, 0, 1, 4, weights(0, 1))
-    put(agent(b), run, 2, 3, 4, weights(2, 3))
+    put(agent(b), run, 3, 4, 4, weights(3, 4))
     other, (c, _) = staged_run()
     put(agent(c), other, 0, 1, 4, weights(0, 1))
     with django_capture_on_commit_callbacks(execute=True):
