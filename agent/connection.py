@@ -17,14 +17,17 @@ the server's clock) is :class:`Connection`.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import random
+import secrets
 import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import replace
 from typing import Any, Protocol, TypeVar
 
 import websockets
@@ -35,6 +38,7 @@ from orchestrator.protocol import (
     Ack,
     Command,
     ErrorReply,
+    Events,
     Heartbeat,
     Hello,
     LinkReport,
@@ -42,6 +46,7 @@ from orchestrator.protocol import (
     Ping,
     Pong,
     ProtocolError,
+    Stored,
     Welcome,
     parse_server_message,
 )
@@ -144,6 +149,12 @@ class Session:
         self._offset_s = 0.0  # server clock - local clock
         self.rtt_s = 0.0  # shortest round trip to the server seen
         self._outbox: deque[Message] = deque()
+        # events batches sent and not yet answered with ``stored``, in order: sent again on the
+        # next connection when this one closes first (the server stores a batch once); a
+        # batch the server refused is answered with an error instead, in the same order
+        self._unanswered: deque[Events] = deque()
+        self._stream = secrets.token_hex(8)  # this agent process's events stream
+        self._seq = itertools.count(1)
         self._lock = threading.Lock()
         self.connected = threading.Event()
 
@@ -156,7 +167,14 @@ class Session:
 
     def post(self, message: Message) -> None:
         with self._lock:
+            if isinstance(message, Events):
+                message = replace(message, stream=self._stream, seq=next(self._seq))
             self._outbox.append(message)
+
+    def unanswered(self) -> int:
+        """Events batches sent on this connection that the server has not answered yet."""
+        with self._lock:
+            return len(self._unanswered)
 
     def pending(self) -> list[dict[str, Any]]:
         """What waits in the outbox, as it will be sent."""
@@ -199,6 +217,9 @@ class Session:
         await self._sync_clock(channel, early)
         self.post(LinkReport(latency_s=min(60.0, self.config.latency_s + self.rtt_s / 2),
                              bandwidth_bps=self.config.bandwidth_bps))
+        with self._lock:  # what the last connection left unanswered goes first, in order
+            self._outbox.extendleft(reversed(self._unanswered))
+            self._unanswered.clear()
         self.connected.set()
         for raw in early:
             await self._dispatch(raw, agent)
@@ -257,6 +278,23 @@ class Session:
             return
         if isinstance(message, ErrorReply):
             log.warning("the server refused a %s: %s", message.in_reply_to, message.detail)
+            if message.in_reply_to == Events.TYPE:
+                self._answered(None)
+        elif isinstance(message, Stored):
+            if message.refused:
+                log.warning("the server refused %d metric point(s) of run %s: %s %s",
+                            len(message.refused), message.run,
+                            message.refused[0].get("field"), message.refused[0].get("reason"))
+            self._answered(message.seq)
+
+    def _answered(self, seq: int | None) -> None:
+        """An events batch was answered (``seq``: up to it; None: the oldest, refused): the
+        server handles a connection's messages in order."""
+        with self._lock:
+            while self._unanswered and (seq is None or (self._unanswered[0].seq or 0) <= seq):
+                self._unanswered.popleft()
+                if seq is None:
+                    break
 
     async def _receive(self, channel: Channel, agent: SessionAgent) -> None:
         while True:
@@ -278,6 +316,8 @@ class Session:
                 await channel.send(message.to_json())
                 with self._lock:
                     self._outbox.popleft()
+                    if isinstance(message, Events):
+                        self._unanswered.append(message)
             await asyncio.sleep(self.config.flush_s)
 
     async def _watch_stop(self, channel: Channel, agent: SessionAgent) -> None:

@@ -155,6 +155,14 @@ class DataPlane:
         self.authenticator.trust(peer, key)
         self._peers[peer] = (address, key)
 
+    def reopen(self, peer: str) -> None:
+        """Close the socket to ``peer`` (what it still queues is dropped): the next send opens
+        a new connection, with a new handshake."""
+        with self._sending:
+            known = self._sockets.pop(peer, None)
+            if known is not None:
+                known[1].close(linger=0)
+
     def repoint(self, peer: str, address: str) -> None:
         """Send to the known ``peer`` at ``address`` from now on, still encrypted to the key the
         server gave for it (a peer that restarted binds a new port); TransportError for a peer
@@ -331,7 +339,10 @@ class DataPlane:
             self.receive(0, "probe", token, name=f"pong:{peer}", timeout_s=wait_s)
             return time.perf_counter() - started
 
-        # the peer answers only once it knows this agent: the first ping may come too early
+        # the peer answers only once it knows this agent: the first ping may come too early,
+        # before the server's measure command told the peer this agent's key, and then its
+        # authenticator refused the connection, which ZeroMQ does not try again: the socket
+        # is opened anew for each retry
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -340,6 +351,7 @@ class DataPlane:
             except TimeoutError:
                 if time.monotonic() > deadline:
                     raise
+                self.reopen(peer)
         shortest = min(first, *(round_trip(1) for _ in range(pings - 1)))
         bulk = [round_trip(bulk_bytes)]
         while len(bulk) < bulk_trips and sum(bulk) < bulk_budget_s:

@@ -96,6 +96,11 @@ class Events(Message):
         items(json_object(maximum=16), maximum=MAX_EVENTS), ())
     metrics: tuple[Mapping[str, Any], ...] = wire(
         items(json_object(maximum=8), maximum=MAX_EVENTS), ())
+    # this batch's number in the agent's stream (a random id per agent process): the agent
+    # sends a batch again when the connection closed before its ``stored``, and the server
+    # stores a (stream, seq) once
+    stream: str | None = wire(text(maximum=64), None)
+    seq: int | None = wire(integer(minimum=1), None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -276,6 +281,7 @@ class Stored(Message):
     metrics: int = wire(integer())
     refused: tuple[Mapping[str, Any], ...] = wire(
         items(json_object(maximum=4), maximum=MAX_REFUSALS), ())
+    seq: int | None = wire(integer(minimum=1), None)  # the batch's, when it had one
 
 
 @dataclass(frozen=True, kw_only=True)

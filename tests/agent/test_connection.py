@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -141,3 +142,36 @@ def test_a_session_over_a_fake_channel_needs_no_network() -> None:
     session = Session(CONFIG, stop=threading.Event())
     session.post(ProbeCommand(id="x", run=1))  # any message: the outbox does not look
     assert session.pending() == [{"type": "command", "id": "x", "command": "probe", "run": 1}]
+
+
+def test_an_events_batch_unanswered_when_the_connection_closed_is_sent_again() -> None:
+    # the web server killed while a batch was on its way: the batch was lost with the
+    # connection, and its device's events with it; the agent keeps what it sent until the
+    # server's ``stored``, and sends it again (same stream and number) on the next connection
+    from orchestrator.protocol import Events
+
+    async def scenario(runtime: AgentRuntime, servers: asyncio.Queue[FakeServer]) -> Any:
+        first = await servers.get()
+        await first.greet()
+        await first.expect("link")
+        runtime.connection.post(Events(run=7, timeline=({"kind": "forward"},)))
+        runtime.connection.post(Events(run=7, timeline=({"kind": "backward"},)))
+        one = await first.expect("events")
+        two = await first.expect("events")
+        await first.channel.send({"type": "stored", "run": 7, "timeline": 1, "faults": 0,
+                                  "metrics": 0, "seq": one["seq"]})
+        deadline = time.monotonic() + 30
+        while runtime.connection.unanswered() != 1:  # the answer was read before the close
+            assert time.monotonic() < deadline, runtime.connection.unanswered()
+            await asyncio.sleep(0.01)
+        await first.channel.close()  # the second batch's answer never came
+        second = await servers.get()
+        await second.greet()
+        again = await second.expect("events")
+        runtime.connection.post(Events(run=7, timeline=({"kind": "update"},)))
+        three = await second.expect("events")
+        return one, two, again, three
+
+    one, two, again, three = run_session(scenario)
+    assert again == two and again["seq"] == one["seq"] + 1
+    assert three["stream"] == one["stream"] and three["seq"] == two["seq"] + 1

@@ -163,3 +163,26 @@ def test_the_key_pair_is_kept_private_and_reused(tmp_path) -> None:  # type: ign
     secret.chmod(0o644)
     with pytest.raises(ConfigError, match=r"data\.key_secret: holds the data plane's secret key"):
         load_or_create_keys(tmp_path / "agent.data-keys")
+
+
+def test_a_link_is_measured_when_the_peer_learns_this_agents_key_after_the_first_ping() -> None:
+    # the measure command reached one agent before the other: its first ping was refused by
+    # the peer's authenticator, ZeroMQ did not try the handshake again, and the link was never
+    # measured (two web processes: the commands come through different processes)
+    import threading
+
+    a = DataPlane(bind="tcp://127.0.0.1:0", identity="a")
+    b = DataPlane(bind="tcp://127.0.0.1:0", identity="b")
+    measured: list[tuple[float, float]] = []
+    try:
+        a.connect("b", b.address, b.public_key)
+        worker = threading.Thread(target=lambda: measured.append(
+            a.measure_link("b", pings=2, bulk_bytes=10_000, bulk_trips=1, timeout_s=20)))
+        worker.start()
+        assert wait_for(lambda: b.authenticator.refused >= 1)
+        b.connect("a", a.address, a.public_key)  # the server's command reaches b now
+        worker.join(timeout=30)
+        assert len(measured) == 1 and measured[0][0] > 0
+    finally:
+        a.close()
+        b.close()

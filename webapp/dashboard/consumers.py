@@ -46,11 +46,15 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         if user is None or not user.is_authenticated:
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
+        # the group first, then the snapshot: an event between the two reaches the page as
+        # a delta after the snapshot (maybe one it holds already: the page keeps rows once);
+        # read the other way round, it reached neither
+        await self.channel_layer.group_add(run_group(self.run_id), self.channel_name)
         snapshot = await _snapshot(self.run_id)
         if snapshot is None:
+            await self.channel_layer.group_discard(run_group(self.run_id), self.channel_name)
             await self.close(code=CLOSE_NOT_FOUND)
             return
-        await self.channel_layer.group_add(run_group(self.run_id), self.channel_name)
         await self.accept()
         await self.send_json(snapshot)
 

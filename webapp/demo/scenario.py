@@ -81,10 +81,16 @@ class LocalTestbed:
 
     def __init__(self, *, agents: Sequence[DemoAgent] = DEFAULT_AGENTS,
                  host: str = "127.0.0.1", port: int = 8000,
-                 say: Callable[[str], None] = print) -> None:
+                 say: Callable[[str], None] = print, more_web_ports: Sequence[int] = (),
+                 workers: int = 1) -> None:
+        """``more_web_ports``: web processes beside the one on ``port`` (the agents connect to
+        them in turn; a shared channel layer and database make them one server), and
+        ``workers`` Celery workers (one runs beat)."""
         self.agents = tuple(agents)
         self.url = f"http://{host}:{port}"
         self.host, self.port, self.say = host, port, say
+        self.web_ports = (port, *more_web_ports)
+        self.workers = workers
         self.dir = Path(settings.VAR_DIR) / "demo"
         self.processes = ProcessGroup(log_dir=self.dir / "logs")
         self.api = ApiClient(self.url)
@@ -121,12 +127,21 @@ class LocalTestbed:
                 raise DemoError(f"{self.host}:{self.port} is taken: another server (an earlier "
                                 "demo?) listens there; stop it, or choose another --port")
         python = sys.executable
-        self.processes.start("web", [python, "-m", "daphne", "-b", self.host, "-p",
-                                     str(self.port), "webapp.asgi:application"])
-        self.processes.start("worker", [python, "-m", "celery", "-A", "webapp", "worker",
-                                        "--beat", "--loglevel", "INFO", "--concurrency", "1",
-                                        "--schedule", settings.CELERY_BEAT_SCHEDULE_FILENAME])
-        self.api.wait_until_up()
+        # beat keeps its schedule there (the embedded settings make the directory; with Redis
+        # nothing did, and beat stopped with FileNotFoundError)
+        Path(settings.CELERY_BEAT_SCHEDULE_FILENAME).parent.mkdir(parents=True, exist_ok=True)
+        for k, port in enumerate(self.web_ports):
+            self.processes.start("web" if k == 0 else f"web-{k + 1}", [
+                python, "-m", "daphne", "-b", self.host, "-p", str(port),
+                "webapp.asgi:application"])
+        for k in range(self.workers):
+            self.processes.start("worker" if k == 0 else f"worker-{k + 1}", [
+                python, "-m", "celery", "-A", "webapp", "worker", "--loglevel", "INFO",
+                "--concurrency", "1", "--hostname", f"worker{k + 1}@%h",
+                *(["--beat", "--schedule", settings.CELERY_BEAT_SCHEDULE_FILENAME]
+                  if k == 0 else [])])
+        for port in self.web_ports:
+            ApiClient(f"http://{self.host}:{port}").wait_until_up()
 
     def agent_config(self, agent: DemoAgent) -> Path:
         return self.dir / "agents" / f"{agent.name}.json"
@@ -142,9 +157,10 @@ class LocalTestbed:
             admin = get_user_model().objects.get(username=self.username)
             _, token = device_services.enrollment_token_create(
                 created_by=admin, label="local testbed agents", max_uses=len(missing))
-        for agent in self.agents:
+        for k, agent in enumerate(self.agents):
+            server = f"http://{self.host}:{self.web_ports[k % len(self.web_ports)]}"
             command = [sys.executable, "-m", "agent", "run", "--config",
-                       str(self.agent_config(agent)), "--server", self.url,
+                       str(self.agent_config(agent)), "--server", server,
                        "--name", agent.name, "--threads", "1",
                        "--slowdown", str(agent.slowdown), "--latency-ms", str(agent.latency_ms)]
             if token is not None and agent in missing:

@@ -113,12 +113,12 @@ def _events(device: Device, message: Events) -> Reply:
     run = _run_of(device, message.run)
     stored = run_services.run_events_store(
         run=run, device=device, timeline=list(message.timeline), faults=list(message.faults),
-        metrics=list(message.metrics))
+        metrics=list(message.metrics), stream=message.stream, seq=message.seq)
     updates = [e.get("microbatch") for e in message.timeline
                if e.get("kind") == "update" and isinstance(e.get("microbatch"), int)]
     if updates:  # the dynamic re-partition's clock: how far training has got
         recovery.run_repartition_check(run_id=run.pk, progress=max(updates), seen=run)
-    return Stored(run=run.pk, **stored)
+    return Stored(run=run.pk, seq=message.seq, **stored)
 
 
 def _ack(device: Device, message: Ack) -> Reply:

@@ -89,8 +89,14 @@ def run_event_send(run_id: int, event: Event) -> None:
 
 def _windowed(rows: list[dict[str, Any]], time_key: str, sort_key: Any,
               limit: int | None = None) -> list[dict[str, Any]]:
+    """The rows within the window, each key once (the first): a page joins its run's group
+    before it reads the snapshot, so a delta may bring rows the snapshot already holds."""
     if not rows:
         return rows
+    unique: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for r in rows:
+        unique.setdefault(sort_key(r), r)
+    rows = list(unique.values())
     newest = max(r[time_key] for r in rows)
     kept = [r for r in rows if r[time_key] >= newest - WINDOW_S]
     if limit is not None:

@@ -138,6 +138,12 @@ class RunDevice(models.Model):
         null=True, blank=True,
         help_text="the part of overhead_s inside the passes when the run was planned")
 
+    # the last events batch stored from the device's agent (its stream, a random id per agent
+    # process, and the batch's number in it): a batch sent again after a reconnect, because
+    # its answer was lost with the connection, is stored once
+    events_stream = models.CharField(max_length=64, blank=True)
+    events_seq = models.PositiveBigIntegerField(default=0)
+
     class Meta:
         ordering = ("run_id", "position")
         constraints = (
@@ -311,3 +317,16 @@ class MetricPoint(models.Model):
     class Meta:
         ordering = ("run_id", "at", "id")
         indexes = (models.Index(fields=["run", "at"]), models.Index(fields=["run", "kind", "at"]))
+
+
+class Probe(models.Model):
+    """A run's probe while it is out: stage 0's backward timer fired, every staged device was
+    asked whether it still holds its stage, and the answers so far. In the database, not in a
+    web process's memory: with several web processes an answer may reach any of them, and the
+    verdict is a Celery task with a countdown (webapp.runs.tasks.probe_verdict)."""
+
+    run = models.OneToOneField(Run, on_delete=models.CASCADE, related_name="probe")
+    generation = models.PositiveIntegerField()
+    asked = models.JSONField(default=list, help_text="uids of the devices probed")
+    answers = models.JSONField(default=dict, help_text="uid: whether it holds its stage")
+    created_at = models.DateTimeField(default=timezone.now)

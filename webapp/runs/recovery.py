@@ -25,7 +25,6 @@ polling to a recovery that must take seconds (the embedded broker polls once a s
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -33,7 +32,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections, transaction
+from django.db import transaction
 
 from orchestrator.capacity import apply_capacities, capacity_ratios, stage_seconds
 from orchestrator.cost import CostModel, build_cost_model
@@ -56,7 +55,7 @@ from webapp.devices.commands import command_build, device_command_send
 from webapp.devices.models import Device
 from webapp.devices.services import data_peers
 from webapp.runs import replicas
-from webapp.runs.models import Generation, Run, RunDevice, TimelineEvent
+from webapp.runs.models import Generation, Probe, Run, RunDevice, TimelineEvent
 from webapp.runs.selectors import run_planning_inputs
 from webapp.runs.services import (
     ACTIVE_DEVICE,
@@ -574,49 +573,51 @@ def _repartition_decision(run: Run, progress: int) -> Decision | None:
 # --------------------------------------------------------------------------- probing
 
 
-_probes: dict[int, dict[str, Any]] = {}
-_probes_lock = threading.Lock()
-
-
 def run_suspect(*, run: Run, device: Device, generation: Any) -> None:
     """Stage 0's backward timer fired: probe every staged device; whoever has not answered
     within PROBE_TIMEOUT_S is lost (a device that answers without the stage restarted and is
-    lost too)."""
+    lost too). The probe is a row (any web process may take an answer) and the verdict a
+    Celery task with that countdown."""
     if run.state != RunState.RUNNING or generation != run.generation:
         return
     staged = [rd.device.uid for rd in _staged(run)]
-    with _probes_lock:
-        if run.pk in _probes:
+    with transaction.atomic():
+        _, created = Probe.objects.get_or_create(
+            run=run, defaults={"generation": run.generation, "asked": staged, "answers": {}})
+        if not created:
             return  # a probe is already out
-        _probes[run.pk] = {"asked": staged, "answers": {}}
+        transaction.on_commit(lambda: probe_verdict_schedule(run.pk))
     for uid in staged:
         device_command_send(uid=uid, command=command_build("probe", run=run.pk))
-    timer = threading.Timer(settings.PROBE_TIMEOUT_S, _probe_verdict, args=(run.pk,))
-    timer.daemon = True
-    timer.start()
 
 
+def probe_verdict_schedule(run_id: int) -> None:
+    from webapp.runs.tasks import probe_verdict  # the tasks module imports this one
+
+    probe_verdict.apply_async(args=[run_id], countdown=settings.PROBE_TIMEOUT_S)
+
+
+@transaction.atomic
 def run_probe_answered(*, run: Run, device: Device, holds: Any) -> None:
-    with _probes_lock:
-        probe = _probes.get(run.pk)
-        if probe is not None:
-            probe["answers"][device.uid] = bool(holds)
+    probe = Probe.objects.select_for_update().filter(run=run).first()
+    if probe is not None and device.uid in probe.asked:
+        probe.answers = {**probe.answers, device.uid: bool(holds)}
+        probe.save(update_fields=["answers"])
 
 
-def _probe_verdict(run_id: int) -> None:
-    with _probes_lock:
-        probe = _probes.pop(run_id, None)
-    if probe is None:
-        return
-    close_old_connections()
-    try:
-        answers = probe["answers"]
-        for uid in probe["asked"]:
-            if answers.get(uid):
-                continue
-            device = Device.objects.get(uid=uid)
-            reason = ("it restarted: its stage is gone" if uid in answers
-                      else f"no answer to a probe within {settings.PROBE_TIMEOUT_S:g} s")
-            run_device_lost(device=device, reason=reason, detected_by="probe")
-    finally:
-        close_old_connections()
+def probe_verdict(run_id: int) -> list[str]:
+    """The probe's countdown ran out: every device asked that did not answer holding its stage
+    is lost. Returns their uids (none when the probe is gone: already judged)."""
+    with transaction.atomic():
+        probe = Probe.objects.select_for_update().filter(run_id=run_id).first()
+        if probe is None:
+            return []
+        asked, answers = list(probe.asked), dict(probe.answers)
+        probe.delete()
+    lost = [uid for uid in asked if not answers.get(uid)]
+    for uid in lost:
+        device = Device.objects.get(uid=uid)
+        reason = ("it restarted: its stage is gone" if uid in answers
+                  else f"no answer to a probe within {settings.PROBE_TIMEOUT_S:g} s")
+        run_device_lost(device=device, reason=reason, detected_by="probe")
+    return lost

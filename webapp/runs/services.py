@@ -13,6 +13,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
+from django.core.cache import cache
 from django.db import DatabaseError, InterfaceError, connection, models, transaction
 from django.utils import timezone
 
@@ -751,28 +752,29 @@ def _metric_points(metrics: Sequence[Any]) -> tuple[list[dict[str, Any]], list[d
     return kept, refused
 
 
-_idle_sent: dict[int, float] = {}
-
-
 def _idle_due(run_id: int) -> bool:
     """The idle breakdown reads the whole window back from the database: recompute it at most
-    every LIVE_IDLE_INTERVAL_S per run (per web process), not for every agent's batch."""
-    now = time.monotonic()
-    if now - _idle_sent.get(run_id, -math.inf) < settings.LIVE_IDLE_INTERVAL_S:
-        return False
-    _idle_sent[run_id] = now
-    return True
+    every LIVE_IDLE_INTERVAL_S per run, not for every agent's batch. The mark is in the cache
+    (Redis when deployed), shared by every web process: cache.add sets it only if absent."""
+    return bool(cache.add(f"idle-due:{run_id}", True, timeout=settings.LIVE_IDLE_INTERVAL_S))
 
 
 @transaction.atomic
 def run_events_store(*, run: Run, device: Device, timeline: Sequence[Any] = (),
-                     faults: Sequence[Any] = (), metrics: Sequence[dict[str, Any]] = ()
-                     ) -> dict[str, int]:
+                     faults: Sequence[Any] = (), metrics: Sequence[dict[str, Any]] = (),
+                     stream: str | None = None, seq: int | None = None) -> dict[str, Any]:
     """Store a batch an agent reports for a run it belongs to: timeline events (its own),
-    fault events and metric points. Validated whole before anything is stored."""
+    fault events and metric points. Validated whole before anything is stored (metric points
+    one by one). A batch numbered ``seq`` in the agent's ``stream`` is stored once: the
+    same batch again (sent anew after a reconnect) stores nothing."""
     if run.state not in ACTIVE:
         raise Conflict(f"run {run.pk} is {run.state}: it takes events only while "
                        f"{', '.join(sorted(ACTIVE))}", state=run.state, action="report events")
+    member = None
+    if stream is not None and seq is not None:
+        member = RunDevice.objects.select_for_update().filter(run=run, device=device).first()
+        if member is not None and member.events_stream == stream and seq <= member.events_seq:
+            return {"timeline": 0, "faults": 0, "metrics": 0, "refused": []}
     records = _parsed(timeline, "timeline", parse_event, run)
     for i, record in enumerate(records):
         if record.device != device.uid:
@@ -798,5 +800,8 @@ def run_events_store(*, run: Run, device: Device, timeline: Sequence[Any] = (),
             stored_metrics))
     if stored_timeline and _idle_due(run.pk):
         events.run_event_send(run.pk, events.event_idle(run))
+    if member is not None:
+        member.events_stream, member.events_seq = stream or "", seq or 0
+        member.save(update_fields=["events_stream", "events_seq"])
     return {"timeline": len(stored_timeline), "faults": len(stored_faults),
             "metrics": len(stored_metrics), "refused": refused[:MAX_REFUSALS]}

@@ -11,7 +11,7 @@ from celery import shared_task
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
-from webapp.runs import services
+from webapp.runs import recovery, services
 
 
 @shared_task(bind=True, acks_late=True, reject_on_worker_lost=True,
@@ -26,3 +26,11 @@ def plan_compute(self: Any, plan_id: int) -> dict[str, Any]:
 def runs_fail_stalled() -> list[int]:
     """Beat: runs whose deployment got no answer in time fail, naming the silent devices."""
     return services.runs_fail_stalled(older_than_s=settings.DEPLOY_TIMEOUT_S)
+
+
+@shared_task(autoretry_for=(OperationalError, InterfaceError), retry_backoff=True,
+             max_retries=5)
+def probe_verdict(run_id: int) -> list[str]:
+    """A probe's countdown ran out: the devices that did not answer are lost (see
+    :func:`webapp.runs.recovery.probe_verdict`)."""
+    return recovery.probe_verdict(run_id)

@@ -169,7 +169,12 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "prefix": f"{REDIS_KEY_PREFIX}:channels"},
+            # redis-py 8 reads with a 5 s socket timeout by default, and channels_redis
+            # blocks 5 s in BZPOPMIN waiting for a consumer's next message: every consumer
+            # idle for 5 s failed with "Timeout reading" and its WebSocket closed with 1011
+            # (agents reconnected every 5 s and never measured their links)
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}],
+                       "prefix": f"{REDIS_KEY_PREFIX}:channels"},
         },
     }
 else:

@@ -70,3 +70,49 @@ def test_a_page_without_a_session_or_run_is_closed(logged_in, exists, code):
         return connected, close_code
 
     assert async_to_sync(scenario)() == (False, code)
+
+
+def test_an_event_while_the_snapshot_is_read_reaches_the_page_after_it(monkeypatch):
+    # the consumer read the snapshot, then joined the run's group: an event in between
+    # reached neither; now it joins first, and the event follows the snapshot
+    from channels.layers import get_channel_layer
+
+    from webapp.dashboard import consumers
+    from webapp.runs.events import run_group
+
+    run = RunFactory(state=Run.State.RUNNING)
+    headers = session_headers()
+    read = consumers._snapshot
+    between = {"type": "metrics", "points": [{"at": 1.0, "kind": "loss", "device": "",
+                                              "value": 0.5}]}
+
+    async def snapshot_with_an_event_meanwhile(run_id: int):
+        snapshot = await read(run_id)
+        await get_channel_layer().group_send(run_group(run_id),
+                                             {"type": "run.event", "event": between})
+        return snapshot
+
+    monkeypatch.setattr(consumers, "_snapshot", snapshot_with_an_event_meanwhile)
+
+    async def scenario() -> tuple[dict, dict]:
+        page = WebsocketCommunicator(application, f"/ws/runs/{run.pk}/", headers=headers)
+        connected, _ = await page.connect()
+        assert connected
+        first = await page.receive_json_from(timeout=5)
+        second = await page.receive_json_from(timeout=5)
+        await page.disconnect()
+        return first, second
+
+    first, second = async_to_sync(scenario)()
+    assert first["type"] == "snapshot" and second == between
+
+
+def test_a_delta_repeating_rows_of_the_snapshot_adds_none():
+    from webapp.runs.events import snapshot_apply
+
+    row = {"run": 1, "device": "a", "stage": 0, "kind": "forward", "microbatch": 3,
+           "version": 0, "start": 1.0, "end": 1.5, "bytes": 0}
+    snapshot = {"timeline": [row], "timeline_limit": 100, "metrics": [], "faults": []}
+    after = snapshot_apply(snapshot, {"type": "timeline",
+                                      "events": [dict(row), {**row, "microbatch": 4}]})
+    assert [e["microbatch"] for e in after["timeline"]] == [3, 4]

@@ -8,6 +8,10 @@ plan is replaced and the run still finishes planning, with nothing lost.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -18,6 +22,7 @@ import psycopg
 import pytest
 import redis
 
+from tests.conftest import ROOT
 from tests.webapp.integration.stack import (
     Browser,
     Processes,
@@ -64,8 +69,10 @@ def require_servers() -> None:
                     "real servers (.ci/run installs and starts them)", pytrace=False)
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
+@contextlib.contextmanager
+def throwaway_servers(**settings: str) -> Iterator[tuple[dict[str, str], str]]:
+    """The environment of the shared topology on a PostgreSQL database and Redis keys of its
+    own (dropped and deleted after), with ``settings`` added; and the database's name."""
     require_servers()
     name = f"edgepipe_it_{uuid.uuid4().hex[:10]}"
     prefix = f"edgepipe-it-{name[-10:]}"
@@ -75,26 +82,34 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
                     SECRET_KEY=uuid.uuid4().hex * 2,
                     DATABASE_URL=f"postgres://postgres@127.0.0.1:5432/{name}",
                     REDIS_URL=REDIS_URL, REDIS_KEY_PREFIX=prefix,
-                    CELERY_TASK_DEFAULT_QUEUE=prefix,
-                    CELERY_VISIBILITY_TIMEOUT_S=str(VISIBILITY_TIMEOUT_S))
-    logs = tmp_path_factory.mktemp("shared-logs")
-    processes = Processes(logs, env)
+                    CELERY_TASK_DEFAULT_QUEUE=prefix, **settings)
     try:
-        manage(env, "migrate", "--no-input")
-        password = demo_admin_password(env)
-        port = free_port()
-        processes.web(port)
-        processes.worker("alpha")
-        yield Shared(processes, Browser(f"http://127.0.0.1:{port}", "admin", password), name)
+        yield env, name
     finally:
-        processes.stop_all()
         with psycopg.connect(POSTGRES, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         client = redis.Redis.from_url(REDIS_URL)
         keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
         if keys:
             client.delete(*keys)
-        print_logs(logs)
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
+    with throwaway_servers(CELERY_VISIBILITY_TIMEOUT_S=str(VISIBILITY_TIMEOUT_S)) as (env, name):
+        logs = tmp_path_factory.mktemp("shared-logs")
+        processes = Processes(logs, env)
+        try:
+            manage(env, "migrate", "--no-input")
+            password = demo_admin_password(env)
+            port = free_port()
+            processes.web(port)
+            processes.worker("alpha")
+            yield Shared(processes, Browser(f"http://127.0.0.1:{port}", "admin", password),
+                         name)
+        finally:
+            processes.stop_all()
+            print_logs(logs)
 
 
 def print_logs(logs: Path) -> None:
@@ -158,3 +173,51 @@ def test_killing_the_worker_mid_planning_loses_no_plan(shared: Shared):
     print(f"killed the worker mid-plan; a new worker finished planning {recovered_s:.1f} s later "
           f"(visibility timeout {VISIBILITY_TIMEOUT_S} s; the optimal planner takes "
           f"{stored['optimal']['planner_s']:.1f} s)")
+
+
+def test_two_web_processes_and_two_workers_recover_a_run_with_nothing_lost(
+        tmp_path: Path) -> None:
+    # failure detection lived in one web process's memory (a probe's answer reaching the other
+    # one was dropped); the agents here are spread over two web processes on Redis and
+    # PostgreSQL, an agent is killed mid-run, and the run recovers on the others
+    with throwaway_servers() as (env, _):
+        result = subprocess.run(
+            [sys.executable, str(ROOT / "tests" / "integration" / "two_webs.py"),
+             str(tmp_path), str(free_port()), str(free_port())],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2500:]}"
+                     for p in sorted((tmp_path / "demo" / "logs").glob("*.log")))
+    assert result.returncode == 0, f"{result.stderr[-4000:]}\n{logs}"
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert len(set(out["processes"].values())) == 2, out["processes"]  # both web processes
+    assert out["summary"]["state"] == "finished", out["summary"]
+    lost = [f for f in out["faults"] if f[0] == "device_lost"]
+    assert lost and {f[1] for f in lost} == {out["summary"]["faults"][0]["device"]}
+    assert "recovered" in [f[0] for f in out["faults"]]
+    assert out["updated"] == list(range(out["total"]))  # every micro-batch trained
+
+
+def test_a_consumer_idle_longer_than_the_redis_read_timeout_keeps_waiting() -> None:
+    # redis-py 8 reads with a 5 s socket timeout and channels_redis blocks 5 s in BZPOPMIN:
+    # every consumer idle for 5 s failed ("Timeout reading") and its WebSocket closed (1011)
+    require_servers()
+    script = """
+import asyncio, os, sys, time
+sys.path.insert(0, os.getcwd())
+from channels_redis.core import RedisChannelLayer
+from webapp.settings import base
+config = base.CHANNEL_LAYERS["default"]["CONFIG"]
+async def main():
+    layer = RedisChannelLayer(**{**config, "prefix": config["prefix"] + ":idle-test"})
+    channel = await layer.new_channel()
+    try:
+        await asyncio.wait_for(layer.receive(channel), 7)
+    except asyncio.TimeoutError:
+        print("still waiting after 7 s")
+asyncio.run(main())
+"""
+    env = child_env(REDIS_URL=REDIS_URL, REDIS_KEY_PREFIX=f"edgepipe-it-{uuid.uuid4().hex[:8]}")
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "still waiting after 7 s" in result.stdout, (
+        result.stderr[-2000:])

@@ -4,12 +4,14 @@ and the run recovers without it. A lost device that connects again shows on the 
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 
 from tests.webapp.runs.test_dynamic_repartition import running_run
 from webapp.devices.models import Device
-from webapp.runs import recovery
-from webapp.runs.models import FaultEvent, Run, RunDevice
+from webapp.runs import recovery, tasks
+from webapp.runs.models import FaultEvent, Probe, Run, RunDevice
 
 pytestmark = pytest.mark.django_db(transaction=True)  # planning runs on commit
 
@@ -18,14 +20,24 @@ def staged(run: Run) -> list[Device]:
     return [rd.device for rd in RunDevice.objects.filter(run=run).order_by("position")]
 
 
-def test_a_device_silent_to_a_probe_or_restarted_is_lost(settings) -> None:  # type: ignore[no-untyped-def]
-    settings.PROBE_TIMEOUT_S = 60  # the verdict is called by hand below
+@pytest.fixture
+def verdicts(monkeypatch) -> list[int]:  # type: ignore[no-untyped-def]
+    """The probe verdicts scheduled (the tests judge by hand: tasks run eagerly here, and
+    the countdown would judge before any answer)."""
+    scheduled: list[int] = []
+    monkeypatch.setattr(recovery, "probe_verdict_schedule", scheduled.append)
+    return scheduled
+
+
+def test_a_device_silent_to_a_probe_or_restarted_is_lost(verdicts: list[int]) -> None:
     run = running_run()
     first, middle, last = staged(run)
     recovery.run_suspect(run=run, device=first, generation=0)
+    assert verdicts == [run.pk]
     recovery.run_probe_answered(run=run, device=first, holds=True)
     recovery.run_probe_answered(run=run, device=last, holds=False)  # restarted: stage gone
-    recovery._probe_verdict(run.pk)
+    assert recovery.probe_verdict(run.pk) == [middle.uid, last.uid]
+    assert recovery.probe_verdict(run.pk) == []  # judged once
     run.refresh_from_db()
     assert run.state == Run.State.RECOVERING
     assert sorted(run.recovery["lost"]) == sorted([middle.uid, last.uid])
@@ -35,18 +47,40 @@ def test_a_device_silent_to_a_probe_or_restarted_is_lost(settings) -> None:  # t
     assert "restarted" in lost[last.uid]["reason"]
 
 
-def test_healthy_answers_change_nothing_and_a_stale_suspect_is_ignored(settings) -> None:  # type: ignore[no-untyped-def]
-    settings.PROBE_TIMEOUT_S = 60
+def test_healthy_answers_change_nothing_and_a_stale_suspect_is_ignored(
+        verdicts: list[int]) -> None:
     run = running_run()
     recovery.run_suspect(run=run, device=staged(run)[0], generation=7)  # not this generation
-    assert run.pk not in recovery._probes
+    assert not Probe.objects.filter(run=run).exists() and verdicts == []
     recovery.run_suspect(run=run, device=staged(run)[0], generation=0)
+    recovery.run_suspect(run=run, device=staged(run)[1], generation=0)  # one probe at a time
+    assert verdicts == [run.pk]
     for device in staged(run):
         recovery.run_probe_answered(run=run, device=device, holds=True)
-    recovery._probe_verdict(run.pk)
+    assert recovery.probe_verdict(run.pk) == []
     run.refresh_from_db()
     assert run.state == Run.State.RUNNING
     assert not FaultEvent.objects.filter(run=run, kind="device_lost").exists()
+
+
+def test_the_probe_is_shared_by_web_processes_and_judged_by_a_celery_task(
+        settings) -> None:  # type: ignore[no-untyped-def]
+    # the probe lived in one web process's memory with a threading.Timer: with two web
+    # processes an answer reaching the other one was dropped and a healthy device was lost.
+    # The answer is stored in the database; the verdict is the worker's task, scheduled with
+    # the probe's countdown (recorded here: the tests' Celery runs tasks eagerly)
+    run = running_run()
+    first, middle, last = staged(run)
+    with mock.patch("webapp.runs.tasks.probe_verdict.apply_async") as scheduled:
+        recovery.run_suspect(run=run, device=first, generation=0)
+    scheduled.assert_called_once_with(args=[run.pk], countdown=settings.PROBE_TIMEOUT_S)
+    for device in (first, middle, last):  # as if each answer reached another process
+        recovery.run_probe_answered(run=Run.objects.get(pk=run.pk),
+                                    device=Device.objects.get(pk=device.pk), holds=True)
+    assert Probe.objects.get(run=run).answers == {d.uid: True for d in (first, middle, last)}
+    assert tasks.probe_verdict.apply(args=[run.pk]).get() == []
+    run.refresh_from_db()
+    assert run.state == Run.State.RUNNING and not Probe.objects.filter(run=run).exists()
 
 
 def test_a_lost_device_that_connects_again_joins_the_run_s_timeline() -> None:

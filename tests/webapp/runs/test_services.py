@@ -536,3 +536,24 @@ def test_stored_metric_points_read_back_as_the_points_sent_live():
     assert [selectors.metric_json(r) for r in rows] == stored
     assert [r.run_id for r in rows] == [run.pk] * 3 and rows[2].device == ""
     assert services.metric_points_store(run=run, points=[]) == []
+
+
+def test_an_events_batch_sent_again_is_stored_once():
+    # an agent sends a batch again when its connection closed before the answer: the server
+    # may have stored it already, and must not store it twice
+    device = DeviceFactory()
+    run = RunFactory(state=Run.State.RUNNING, devices=[device])
+    event = {"run": run.pk, "device": device.uid, "stage": 0, "kind": "forward",
+             "microbatch": 1, "version": 0, "start": 1.0, "end": 1.5}
+    first = services.run_events_store(run=run, device=device, timeline=[event],
+                                      stream="a1", seq=1)
+    again = services.run_events_store(run=run, device=device, timeline=[event],
+                                      stream="a1", seq=1)
+    assert (first["timeline"], again["timeline"]) == (1, 0)
+    nxt = services.run_events_store(run=run, device=device, timeline=[
+        {**event, "microbatch": 2}], stream="a1", seq=2)
+    # a restarted agent starts a new stream at 1
+    restarted = services.run_events_store(run=run, device=device, timeline=[
+        {**event, "microbatch": 3}], stream="b7", seq=1)
+    assert (nxt["timeline"], restarted["timeline"]) == (1, 1)
+    assert sorted(TimelineEvent.objects.values_list("microbatch", flat=True)) == [1, 2, 3]

@@ -66,7 +66,8 @@ def test_shared_uses_postgresql_and_redis_for_everything():
     assert got["transport"]["visibility_timeout"] == 600
     assert got["transport"]["global_keyprefix"] == "lab1:celery:"
     assert got["layer"]["BACKEND"] == "channels_redis.core.RedisChannelLayer"
-    assert got["layer"]["CONFIG"] == {"hosts": ["redis://cache:6379/0"],
+    assert got["layer"]["CONFIG"] == {"hosts": [{"address": "redis://cache:6379/0",
+                                                  "socket_timeout": 30}],
                                       "prefix": "lab1:channels"}
     assert got["debug"] is False
 

@@ -24,18 +24,21 @@
   function deviceOrder(x, y) { return cmp(x.name, y.name) || cmp(x.id, y.id); }
 
   /* The stable sort of old.concat(added), old being sorted already: sort the few added rows,
-     then merge, taking the old row on a tie (as a stable sort of the concatenation would). */
-  function merged(old, added, order) {
+     then merge, taking the old row on a tie (as a stable sort of the concatenation would).
+     With unique, an added row equal in order to one already there is left out (the page joins
+     the run's group before it reads the snapshot: a delta may repeat what the snapshot has),
+     as webapp.runs.events._windowed keeps each key once. */
+  function merged(old, added, order, unique) {
     const fresh = added.slice().sort(order);
-    const out = new Array(old.length + fresh.length);
+    const out = [];
     let i = 0;
     let j = 0;
-    let k = 0;
-    while (i < old.length && j < fresh.length) {
-      out[k++] = order(fresh[j], old[i]) < 0 ? fresh[j++] : old[i++];
+    while (i < old.length || j < fresh.length) {
+      const takeFresh = i >= old.length || (j < fresh.length && order(fresh[j], old[i]) < 0);
+      const row = takeFresh ? fresh[j++] : old[i++];
+      if (unique && out.length && order(out[out.length - 1], row) === 0) continue;
+      out.push(row);
     }
-    while (i < old.length) out[k++] = old[i++];
-    while (j < fresh.length) out[k++] = fresh[j++];
     return out;
   }
 
@@ -43,7 +46,7 @@
      the newest, in order (filtering a sorted list keeps it sorted); with maxRows, only the
      maxRows that end last (ties: the later in order), as webapp.runs.selectors.newest_events. */
   function windowed(old, added, timeKey, order, windowS, maxRows) {
-    const rows = merged(old, added, order);
+    const rows = merged(old, added, order, true);
     if (!rows.length) return rows;
     let newest = -Infinity;
     for (const r of rows) if (r[timeKey] > newest) newest = r[timeKey];
