@@ -54,6 +54,7 @@ from orchestrator.protocol.records import (
 )
 from orchestrator.protocol.reports import (
     AGENT_MESSAGES,
+    HARDWARE,
     MAX_REFUSALS,
     SERVER_MESSAGES,
     Ack,
@@ -90,6 +91,7 @@ from orchestrator.protocol.weightnames import (
 __all__ = [
     "AGENT_MESSAGES",
     "COMMANDS",
+    "HARDWARE",
     "MAX_REFUSALS",
     "SERVER_MESSAGES",
     "Ack",

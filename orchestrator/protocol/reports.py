@@ -46,6 +46,9 @@ MAX_REFUSALS = 16  # refused metric points a ``stored`` names
 MAX_HARDWARE_ENTRIES = 64
 MAX_HARDWARE_BYTES = 16 * 1024
 MAX_HARDWARE_DEPTH = 8
+# a device's hardware description, as its agent says it in hello and at enrolment
+HARDWARE = json_document(entries=MAX_HARDWARE_ENTRIES, size=MAX_HARDWARE_BYTES,
+                         depth=MAX_HARDWARE_DEPTH)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,8 +61,7 @@ class Hello(Message):
     data_key: str = wire(curve_key)  # the data plane's CURVE public key (Z85)
     # what the agent says about its machine (shown on the dashboard): a few dozen entries
     hardware: Mapping[str, Any] | None = wire(
-        json_document(entries=MAX_HARDWARE_ENTRIES, size=MAX_HARDWARE_BYTES,
-                      depth=MAX_HARDWARE_DEPTH), None)
+        HARDWARE, None)
     overhead_s: float | None = wire(seconds(10), None)
     message_s: float | None = wire(seconds(10), None)
     resources: tuple[DeviceResource, ...] | None = wire(resources_reader, None)

@@ -6,6 +6,8 @@ revoke enrolment tokens, retire devices, stop agents and change their emulation.
 
 from __future__ import annotations
 
+from typing import Any
+
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.permissions import AllowAny
@@ -13,6 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from orchestrator.protocol import HARDWARE, ProtocolError
 from webapp.common import fields
 from webapp.common.api import get_or_404, validated
 from webapp.common.permissions import STAFF, STAFF_WRITES
@@ -325,6 +328,13 @@ class EnrolApi(APIView):
         downlink_bps = fields.FloatField(min_value=1.0, required=False, allow_null=True,
                                          default=None)
         speed = fields.FloatField(min_value=1e-9, required=False, default=1.0)
+
+        def validate_hardware(self, value: dict[str, Any]) -> dict[str, Any]:
+            """As bounded as hello's (a 900 KB description was stored as it came)."""
+            try:
+                return dict(HARDWARE(value, "hardware"))
+            except ProtocolError as exc:
+                raise serializers.ValidationError(exc.reason) from None
 
     class EnrolOutput(serializers.Serializer):
         id = serializers.IntegerField()

@@ -304,7 +304,10 @@ class AgentRunReplicasApi(AgentApi):
             "sha256": serializers.CharField()})},
         description="Upload the weights of layers first..last at applied (safetensors, tensor "
                     "names '<layer index>.<name>', at most REPLICA_MAX_BYTES); the server "
-                    "keeps the two newest applied of each layer range.")
+                    "keeps the two newest applied of each layer range. Only layers of the "
+                    "device's own stage in the run's current plan (403 naming the field "
+                    "otherwise), only while the run is starting, running, recovering or "
+                    "paused (409), and never past the model's last layer (400 on `last`).")
     def put(self, request: Request, run_id: int) -> Response:
         run = _member_run(request, run_id)
         query = self._query(request)
@@ -320,7 +323,8 @@ class AgentRunReplicasApi(AgentApi):
                        REPLICA_MISSING, description="no replica holds a layer: the detail "
                                                     "names it, `layer` is its index")},
         description="The server's replicas of layers first..last at exactly applied, merged "
-                    "into one safetensors file (metadata run, first, last, applied).")
+                    "into one safetensors file (metadata run, first, last, applied); a range "
+                    "past the model's last layer is a 400 on `last`.")
     def get(self, request: Request, run_id: int) -> HttpResponseBase:
         run = _member_run(request, run_id)
         try:

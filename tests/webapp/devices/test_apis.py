@@ -52,6 +52,18 @@ def test_enrolled_device_authenticates_with_the_header_it_was_given(anon, api):
         "description": "Raspberry Pi 4 B, Cortex-A72, 4 GB"}
 
 
+def test_an_enrolment_with_a_huge_hardware_description_is_a_400(anon):
+    # hello's hardware is bounded; the enrolment stored a 900 KB description as it came
+    token = EnrollmentTokenFactory()
+    body = {**testbed.enrol_body(testbed.DEVICES[0], token.secret),
+            "hardware": {"blob": "x" * 900_000}}
+    answer = anon.post("/api/agent/enrol/", body, format="json")
+    assert answer.status_code == 400
+    [error] = answer.json()["errors"]
+    assert error["field"] == "hardware" and "at most 16384 bytes" in error["reason"]
+    assert not Device.objects.exists()
+
+
 def test_devices_list_detail_rename_retire(api, staff_api, agent):
     device = DeviceFactory(name="old")
     DeviceFactory(status=Device.Status.OFFLINE)
