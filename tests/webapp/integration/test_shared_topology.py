@@ -135,6 +135,11 @@ def test_a_run_planned_through_the_api_has_its_plans_in_postgresql(shared: Share
         elapsed = time.monotonic() - started
         wait_until(lambda: sum(p["status"] == "done" for p in page.plans()) == len(algorithms),
                    timeout=10, what="a done event per plan on the run page")
+        # the run's own "planned" event follows the last plan's (a page that stopped
+        # listening at the last plan's missed it once, on a loaded CI machine)
+        wait_until(lambda: any(m["type"] == "run" and m["run"]["state"] == "planned"
+                               for m in page.messages),
+                   timeout=10, what="the run's planned event on the run page")
     # Assert: every plan computed by the worker and stored in PostgreSQL
     assert planned["state"] == "planned", planned["error"]
     stored = shared.plans(run["id"])
