@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,6 +27,7 @@ def main(var_dir: str, port: int, other_port: int) -> None:
     import django
 
     django.setup()
+    from webapp.demo.client import wait_for
     from webapp.demo.scenario import LocalTestbed, chosen_plan
     from webapp.devices.models import Device
     from webapp.runs.models import FaultEvent, Run, TimelineEvent
@@ -46,11 +46,8 @@ def main(var_dir: str, port: int, other_port: int) -> None:
         processes = {d.name: d.control_channel.split("!")[0]
                      for d in Device.objects.filter(uid__in=[d["uid"] for d in bed.devices])}
         bed.start(run_id, row["plan"])
-        deadline = time.monotonic() + 120
-        while TimelineEvent.objects.filter(run_id=run_id, kind="update").count() < 40:
-            if time.monotonic() > deadline:
-                raise SystemExit("the run did not train before the kill")
-            time.sleep(0.2)
+        wait_for(lambda: TimelineEvent.objects.filter(run_id=run_id, kind="update").count()
+                 >= 40, timeout_s=120, what="the run to train before the kill", every_s=0.2)
         bed.processes.kill(bed.agent_process(victim))
         summary = bed.finish(run_id, timeout_s=600)
         run = Run.objects.get(pk=run_id)

@@ -24,6 +24,7 @@ OUTAGE_S = 5.0  # how long the web server stays down (the scenario, not a wait)
 
 def main(var_dir: str) -> None:
     setup_django(var_dir)
+    from webapp.demo.client import wait_for
     from webapp.demo.scenario import LocalTestbed, chosen_plan
     from webapp.runs.models import FaultEvent, Run, TimelineEvent
 
@@ -36,11 +37,8 @@ def main(var_dir: str) -> None:
         row = chosen_plan(compared, "ftpipehd")
         run_id = compared["run"]
         bed.start(run_id, row["plan"])
-        deadline = time.monotonic() + 120
-        while TimelineEvent.objects.filter(run_id=run_id, kind="update").count() < 50:
-            if time.monotonic() > deadline:
-                raise SystemExit("the run did not train before the restart")
-            time.sleep(0.2)
+        wait_for(lambda: TimelineEvent.objects.filter(run_id=run_id, kind="update").count()
+                 >= 50, timeout_s=120, what="the run to train before the restart", every_s=0.2)
         web = bed.processes.children["web"]
         bed.processes.kill("web")
         print(f"web server killed; down for {OUTAGE_S} s", file=sys.stderr)

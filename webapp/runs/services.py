@@ -741,9 +741,10 @@ def _metric_points(metrics: Sequence[Any]) -> tuple[list[dict[str, Any]], list[d
     not: one point the database cannot hold (a NaN loss; SQLite stores NaN as NULL) is refused
     alone, where it failed the whole batch, timeline events included."""
     kept, refused = [], []
+    read = MetricSample.reader()
     for i, raw in enumerate(metrics):
         try:
-            kept.append(MetricSample.reader()(raw, f"metrics[{i}]").to_json())
+            kept.append(read(raw, f"metrics[{i}]").to_json())
         except ProtocolError as exc:
             refused.append({"field": exc.field or f"metrics[{i}]", "reason": exc.reason})
     if refused:
