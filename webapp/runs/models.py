@@ -77,8 +77,12 @@ class Run(models.Model):
     generation = models.PositiveIntegerField(
         default=0, help_text="the current deployment: 0 at start, +1 at each recovery or "
                              "re-partition")
+    deployment = models.JSONField(
+        default=dict, blank=True, help_text="the current generation: its plan, when it "
+                                            "resumed, capacities (states.Deployment)")
     recovery = models.JSONField(default=dict, blank=True,
-                                help_text="the ongoing recovery's working state")
+                                help_text="the recovery under way, empty when none "
+                                          "(states.Recovery)")
 
     class Meta:
         ordering = ("-created_at", "-id")

@@ -57,17 +57,17 @@ from webapp.devices.services import data_peers
 from webapp.runs import replicas
 from webapp.runs.models import Generation, Probe, Run, RunDevice, TimelineEvent
 from webapp.runs.selectors import run_planning_inputs
-from webapp.runs.services import (
+from webapp.runs.services.control import (
     ACTIVE_DEVICE,
-    _control_event,
-    _fail,
-    _locked,
-    _run_clock,
-    _staged,
-    _transition,
-    spec_fields,
+    control_event,
+    fail_run,
+    lock_run,
+    move_run,
+    run_clock,
+    staged_devices,
 )
-from webapp.runs.states import RunState
+from webapp.runs.services.deployment import spec_fields
+from webapp.runs.states import Deployment, Recovery, RunState
 
 log = logging.getLogger(__name__)
 
@@ -103,17 +103,18 @@ def measured_stage_s(*, run: Run, since_s: float) -> dict[str, float]:
 def _capacities(run: Run, profile: ModelProfile, devices: DeviceSet) -> dict[str, float]:
     """Each device's capacity over its profile (FTPipeHD's estimate, > 1: faster than
     profiled): measured in the current generation, else as last measured in an earlier one
-    (kept in the recovery as ``capacity``). Without that memory a device a re-partition had
+    (kept in the run's Deployment as ``capacity``). Without that memory a device a re-partition had
     left out went back to its profile, and a device slowed 200x was planned back in: four
     moves in one run, alternating between two plans."""
-    ratios = {d: float(r) for d, r in (run.recovery.get("capacity") or {}).items()}
-    if run.chosen_plan is None or not run.recovery.get("plan"):
+    deployment = Deployment.from_json(run.deployment)
+    ratios = dict(deployment.capacity)
+    if run.chosen_plan is None or deployment.plan is None:
         return ratios
     try:
         cm = build_cost_model(profile, devices)
-        current = parse_plan(run.recovery["plan"], profile=profile, devices=devices,
+        current = parse_plan(dict(deployment.plan), profile=profile, devices=devices,
                              file="the current plan")
-        compute = measured_stage_s(run=run, since_s=float(run.recovery.get("since_s", 0.0)))
+        compute = measured_stage_s(run=run, since_s=deployment.since_s)
         # the events time the layers' work and the part of the device's fixed overhead spent
         # inside the passes (the loss, a pass's own cost); the stage time the cost model
         # predicts has the whole fixed overhead and the messages (CostModel.fixed_s)
@@ -134,7 +135,7 @@ def _kept_capacities(run: Run) -> dict[str, float]:
         return _capacities(run, *run_planning_inputs(run=run))
     except (PlanningError, FormatError, ValueError) as exc:
         log.warning("run %s: capacities not kept: %s", run.pk, exc)
-        return dict(run.recovery.get("capacity") or {})
+        return dict(Deployment.from_json(run.deployment).capacity)
 
 
 def _planning_devices(run: Run, profile: ModelProfile, devices: DeviceSet) -> DeviceSet:
@@ -175,7 +176,7 @@ def run_device_lost(*, device: Device, reason: str, detected_by: str) -> list[Ru
     for run_id in (RunDevice.objects.filter(device=device, run__state__in=LOSABLE)
                    .exclude(stage_state=S.LOST).values_list("run_id", flat=True)):
         with transaction.atomic():
-            run = _locked(Run(pk=run_id))
+            run = lock_run(Run(pk=run_id))
             if run.state not in LOSABLE:
                 continue
             rd = RunDevice.objects.select_for_update().get(run=run, device=device)
@@ -195,48 +196,46 @@ def _lose(run: Run, lost: Sequence[RunDevice], *, reason: str, detected_by: str,
     """With the run locked: mark ``lost`` and (re)start its recovery; every other staged
     device halts and reports what it holds. A dynamic re-partition is a recovery that lost
     nobody."""
-    recovery = dict(run.recovery or {})
-    fresh = run.state != RunState.RECOVERING
-    if fresh:
-        recovery = {"lost": [], "detected_at": _run_clock(run), "detected_wall": time.time(),
-                    "plan": recovery.get("plan"), "since_s": recovery.get("since_s", 0.0),
-                    "restart_s": recovery.get("restart_s"), "cause": cause,
-                    "decision": decision or {},
-                    "next_check": recovery.get("next_check"),
-                    "capacity": _kept_capacities(run),
-                    # a paused run's next generation starts paused (recovery_ready)
-                    "paused": run.state == RunState.PAUSED,
-                    # nothing trained yet: the next generation starts from the seed
-                    "from_start": run.state == RunState.STARTING}
+    ongoing = Recovery.from_json(run.recovery) if run.state == RunState.RECOVERING else None
+    if ongoing is None:
+        deployment = replace(Deployment.from_json(run.deployment),
+                             capacity=_kept_capacities(run))
         if run.state == RunState.STARTING and run.chosen_plan is not None:
-            recovery["plan"] = run.chosen_plan.document  # what respipe's baseline takes over
-    else:
-        recovery["cause"] = "failure"
+            # what respipe's baseline takes over
+            deployment = replace(deployment, plan=run.chosen_plan.document)
+        run.deployment = deployment.to_json()
+        recovery = Recovery(generation=run.generation + 1, cause=cause,
+                            detected_at=run_clock(run), detected_wall=time.time(),
+                            decision=decision or {},
+                            # a paused run's next generation starts paused (recovery_ready)
+                            paused=run.state == RunState.PAUSED,
+                            # nothing trained yet: the next generation starts from the seed
+                            from_start=run.state == RunState.STARTING)
+    else:  # a further loss re-plans: the next generation is another one
+        recovery = replace(ongoing, generation=ongoing.generation + 1, cause="failure")
     for rd in lost:
         rd.stage_state = S.LOST
         rd.save(update_fields=["stage_state"])
-        recovery["lost"] = sorted(set(recovery["lost"]) | {rd.device.uid})
-        _control_event(run, "device_lost", device=rd.device.uid,
-                       detail={"reason": reason, "detected_by": detected_by})
-    generation = run.generation + 1 if fresh else int(recovery["generation"]) + 1
-    recovery["generation"] = generation
-    _control_event(run, "recovery_started",
-                   detail={"generation": generation, "lost": recovery["lost"]})
+        recovery = replace(recovery, lost=tuple(sorted(set(recovery.lost) | {rd.device.uid})))
+        control_event(run, "device_lost", device=rd.device.uid,
+                      detail={"reason": reason, "detected_by": detected_by})
+    control_event(run, "recovery_started",
+                  detail={"generation": recovery.generation, "lost": list(recovery.lost)})
     survivors = [rd for rd in RunDevice.objects.filter(run=run).select_related("device")
-                 if _holds(rd) and rd.device.uid not in recovery["lost"]]
-    if fresh:
-        run = _transition(run, RunState.RECOVERING, action="recover", recovery=recovery)
+                 if _holds(rd) and rd.device.uid not in recovery.lost]
+    if ongoing is None:
+        run = move_run(run, RunState.RECOVERING, action="recover",
+                       recovery=recovery.to_json())
     else:
-        run.recovery = recovery
+        run.recovery = recovery.to_json()
         run.save(update_fields=["recovery"])
     if not survivors and not _candidates(run):
-        return _fail(run, "every device of the run was lost: "
-                          + ", ".join(recovery["lost"]))
+        return fail_run(run, "every device of the run was lost: " + ", ".join(recovery.lost))
     for rd in survivors:
         rd.stage_state = S.HALTING
         rd.save(update_fields=["stage_state"])
         device_command_send(uid=rd.device.uid, command=command_build(
-            "halt", run=run.pk, generation=generation))
+            "halt", run=run.pk, generation=recovery.generation))
     if not survivors:
         return _replan(run)
     return run
@@ -249,11 +248,12 @@ def run_device_back(*, device: Device) -> None:
                                         run__state__in=(RunState.RUNNING, RunState.RECOVERING))
                .select_related("run")):
         with transaction.atomic():
-            run = _locked(rd.run)
-            if device.uid in (run.recovery or {}).get("lost", []):
+            run = lock_run(rd.run)
+            ongoing = Recovery.from_json(run.recovery)
+            if ongoing is not None and device.uid in ongoing.lost:
                 continue  # lost in the recovery under way: it rejoins at the next one
             RunDevice.objects.filter(pk=rd.pk).update(stage_state=S.IDLE, stage=None)
-            _control_event(run, "device_joined", device=device.uid)
+            control_event(run, "device_joined", device=device.uid)
 
 
 # --------------------------------------------------------------------------- halted, re-plan
@@ -262,7 +262,8 @@ def run_device_back(*, device: Device) -> None:
 def _candidates(run: Run) -> list[RunDevice]:
     """The run's devices a new generation may use: connected, and not lost in this recovery
     (a device that came back after an earlier loss rejoins here)."""
-    lost = set((run.recovery or {}).get("lost", []))
+    ongoing = Recovery.from_json(run.recovery)
+    lost = set(() if ongoing is None else ongoing.lost)
     return [rd for rd in RunDevice.objects.filter(run=run).select_related("device")
             .order_by("position")
             if rd.device.uid not in lost and rd.device.status in ACTIVE_DEVICE
@@ -272,9 +273,10 @@ def _candidates(run: Run) -> list[RunDevice]:
 @transaction.atomic
 def run_stage_halted(*, run: Run, device: Device, generation: Any, holdings: Any) -> Run:
     """A survivor stopped its stage and said what it holds; once all have, re-plan."""
-    locked = _locked(run)
-    recovery = locked.recovery or {}
-    if locked.state != RunState.RECOVERING or generation != recovery.get("generation"):
+    locked = lock_run(run)
+    recovery = Recovery.from_json(locked.recovery)
+    if (locked.state != RunState.RECOVERING or recovery is None
+            or generation != recovery.generation):
         return locked  # a late answer to an earlier recovery
     rd = RunDevice.objects.select_for_update().get(run=locked, device=device)
     if not isinstance(holdings, list):
@@ -290,32 +292,34 @@ def run_stage_halted(*, run: Run, device: Device, generation: Any, holdings: Any
 def _replan(run: Run) -> Run:
     """With the run locked and every survivor halted: plan the next generation, choose the
     resume point and the weights' sources, and deploy it."""
-    recovery = dict(run.recovery)
-    generation = int(recovery["generation"])
+    recovery = Recovery.from_json(run.recovery)
+    assert recovery is not None  # the run is recovering
+    generation = recovery.generation
+    current = Deployment.from_json(run.deployment).plan
     candidates = _candidates(run)
     if not candidates:
-        return _fail(run, "no device is left to recover on (lost: "
-                          f"{', '.join(recovery['lost'])})")
+        return fail_run(run, "no device is left to recover on (lost: "
+                             f"{', '.join(recovery.lost)})")
     try:
         profile, all_devices, cm = _next_generation_inputs(run, candidates)
         # a dynamic re-partition deploys the plan its break-even was judged on (it deployed
         # the optimal planner's, another plan, which the decision had not priced)
-        dynamic = recovery.get("cause") == "dynamic"
+        dynamic = recovery.cause == "dynamic"
         algorithm = _dynamic_planner(run) if dynamic else RECOVERY_PLANNER
-        old = (parse_plan(recovery["plan"], profile=profile, devices=all_devices,
-                          file="the current plan") if recovery.get("plan") else None)
-        lost = set(recovery["lost"])
+        old = (parse_plan(dict(current), profile=profile, devices=all_devices,
+                          file="the current plan") if current else None)
+        lost = set(recovery.lost)
         if run.recovery_policy == "respipe" and not dynamic:  # the baseline: no re-plan
             if old is None:
                 raise PlanningError("the run has no current plan for its successors to take "
                                     "over")
-            plan = successor_takes_over(cm, old, recovery["lost"], schedule=run.schedule,
+            plan = successor_takes_over(cm, old, recovery.lost, schedule=run.schedule,
                                         microbatches=run.microbatches)
             algorithm = plan.algorithm
         else:
             plan = run_planner(cm, algorithm, schedule=run.schedule,
                                microbatches=run.microbatches)
-        if recovery.get("from_start"):
+        if recovery.from_start:
             # nothing trained: every stage is built from the run's seed, as at the start
             holdings: list[Holding] = []
             restore = RestorePlan(resume=0, parts=())
@@ -326,33 +330,34 @@ def _replan(run: Run) -> Run:
             restore = restore_plan(plan, holdings, profile, momentum=run.momentum > 0, seed=True)
             if (not dynamic and run.recovery_policy == "replan" and old is not None
                     and group_shrinks(old, lost)):
-                plan, restore, algorithm, recovery["decision"] = _shrink_or_replan(
+                plan, restore, algorithm, decision = _shrink_or_replan(
                     run, cm, old, lost, holdings, profile, (plan, restore, algorithm))
+                recovery = replace(recovery, decision=decision)
     except (PlanningError, FormatError, ValueError, KeyError) as exc:
-        return _fail(run, f"recovery {generation} failed: {exc}")
+        return fail_run(run, f"recovery {generation} failed: {exc}")
     if synchronous(run.schedule) and restore.resume % run.microbatches:
-        return _fail(run, f"recovery {generation} failed: resume point {restore.resume} is "
+        return fail_run(run, f"recovery {generation} failed: resume point {restore.resume} is "
                           "not at a batch boundary")
     if restore.from_seed:
         log.warning("run %s recovery %s: %s; training starts again from the run's seed",
                     run.pk, generation, restore.from_seed)
     if restore.resume >= run.total_microbatches:
-        return _fail(run, f"recovery {generation}: every micro-batch was already trained")
+        return fail_run(run, f"recovery {generation}: every micro-batch was already trained")
     predicted = plan.predicted
     document = plan.to_json()
-    cause = recovery.get("cause", "failure")
+    cause = recovery.cause
     Generation.objects.update_or_create(run=run, number=generation, defaults={
-        "cause": cause, "lost": recovery["lost"], "planner": algorithm,
+        "cause": cause, "lost": list(recovery.lost), "planner": algorithm,
         "plan": document, "resume_microbatch": restore.resume,
         "predicted_throughput_sps": None if predicted is None else predicted.throughput_sps,
-        "detected_at": recovery.get("detected_at"), "transfers": restore.to_json()["parts"],
+        "detected_at": recovery.detected_at, "transfers": restore.to_json()["parts"],
         "bytes_moved": restore.bytes_moved})
-    _control_event(run, "repartitioned", detail={
+    control_event(run, "repartitioned", detail={
         "generation": generation, "cause": cause, "planner": algorithm,
         "stages": [{"devices": list(s.devices), "layers": [s.first, s.last]}
                    for s in plan.stages],
         "predicted_throughput_sps": None if predicted is None else predicted.throughput_sps,
-        "resume_microbatch": restore.resume, **recovery.get("decision", {}),
+        "resume_microbatch": restore.resume, **recovery.decision,
         **({"from_seed": restore.from_seed} if restore.from_seed else {})})
     specs = spec_fields(run=run, document=plan, cm=cm)
     peers, keys = data_peers([rd.device for rd in candidates])
@@ -373,15 +378,13 @@ def _replan(run: Run) -> Run:
             "deploy", run=run.pk, spec=spec.to_json(), peers=peers, keys=keys,
             started_at=started_at,
             restore=[p.to_json() for p in restore.parts_of(uid)]))
-    recovery.update({
-        "replanned_wall": time.time(), "resume": restore.resume,
-        "release": sorted(rd.device.uid for rd in candidates if rd.device.uid not in staged),
-        "next_plan": document, "bytes_moved": restore.bytes_moved,
-        "transfers": restore.transfers,
+    recovery = replace(
+        recovery, replanned_wall=time.time(), resume=restore.resume,
+        release=tuple(sorted(rd.device.uid for rd in candidates if rd.device.uid not in staged)),
+        next_plan=document, bytes_moved=restore.bytes_moved, transfers=restore.transfers,
         # the furthest any stage had got: the work past the resume point is done again
-        "redone": max([h.applied - restore.resume for h in holdings if h.kind == "own"]
-                      + [0])})
-    run.recovery = recovery
+        redone=max([h.applied - restore.resume for h in holdings if h.kind == "own"] + [0]))
+    run.recovery = recovery.to_json()
     run.save(update_fields=["recovery"])
     return run
 
@@ -424,44 +427,44 @@ def recovery_ready(run: Run) -> Run:
     commit. Everyone starts at the resume point at one time; the survivors the new plan left
     out drop what they held. A run paused before or during the recovery starts its stages
     paused and is paused again; resuming it resumes them."""
-    recovery = dict(run.recovery)
-    generation = int(recovery["generation"])
-    paused = bool(recovery.get("paused"))
+    recovery = Recovery.from_json(run.recovery)
+    assert recovery is not None  # the run is recovering
+    generation, paused = recovery.generation, recovery.paused
     now = time.time()
     begin_at = now + RESUME_DELAY_S
-    from_start = bool(recovery.get("from_start"))  # lost while starting: this begins the run
+    from_start = recovery.from_start  # lost while starting: this begins the run
     if from_start or run.started_at is None:  # the run's clock starts with its training
         run.started_at = datetime.fromtimestamp(begin_at, tz=UTC)
     started_at = run.started_at.timestamp()
-    staged = _staged(run)
+    staged = staged_devices(run)
     RunDevice.objects.filter(pk__in=[s.pk for s in staged]).update(stage_state=S.RUNNING)
     RunDevice.objects.filter(run=run).update(holdings=[])
     for rd in staged:
         device_command_send(uid=rd.device.uid, command=command_build(
             "start", run=run.pk, generation=generation, started_at=started_at,
             begin_at=begin_at, paused=paused))
-    for uid in recovery.get("release", []):
+    for uid in recovery.release:
         device_command_send(uid=uid, command=command_build("stop", run=run.pk))
-    detected = float(recovery.get("detected_wall", now))
-    moved_s = now - float(recovery.get("replanned_wall", now))
-    _control_event(run, "weights_redistributed", detail={
-        "generation": generation, "bytes_moved": recovery.get("bytes_moved", 0),
-        "transfers": recovery.get("transfers", 0), "duration_s": round(moved_s, 4)})
+    detected = recovery.detected_wall or now
+    moved_s = now - (recovery.replanned_wall or now)
+    control_event(run, "weights_redistributed", detail={
+        "generation": generation, "bytes_moved": recovery.bytes_moved,
+        "transfers": recovery.transfers, "duration_s": round(moved_s, 4)})
     recovery_s = begin_at - detected
     resumed_at = begin_at - started_at
     Generation.objects.filter(run=run, number=generation).update(resumed_at=resumed_at)
     run.generation = generation
-    run.recovery = {"plan": recovery.get("next_plan"), "since_s": resumed_at,
-                    "restart_s": recovery_s, "next_check": recovery.get("next_check"),
-                    "capacity": recovery.get("capacity") or {}}
-    after = _transition(run, RunState.PAUSED if paused else RunState.RUNNING,
+    run.deployment = replace(Deployment.from_json(run.deployment), plan=recovery.next_plan,
+                             since_s=resumed_at, restart_s=recovery_s).to_json()
+    run.recovery = {}
+    after = move_run(run, RunState.PAUSED if paused else RunState.RUNNING,
                         action="resume after recovery")
-    _control_event(after, "recovered", detail={
+    control_event(after, "recovered", detail={
         "generation": generation, "recovery_s": round(recovery_s, 4),
-        "resume_microbatch": recovery.get("resume", 0),
-        "microbatches_redone": recovery.get("redone", 0), "paused": paused})
+        "resume_microbatch": recovery.resume,
+        "microbatches_redone": recovery.redone, "paused": paused})
     if from_start:
-        _control_event(after, "run_started", detail={"after_recovery": True})
+        control_event(after, "run_started", detail={"after_recovery": True})
     return after
 
 
@@ -485,10 +488,10 @@ def measured_period_s(*, run: Run, since_s: float, last: Sequence[str]) -> float
 
 
 def _repartition_due(run: Run, progress: int) -> bool:
-    recovery = run.recovery or {}
-    due = recovery.get("next_check") or _checks(run)
+    deployment = Deployment.from_json(run.deployment)
+    due = deployment.next_check or _checks(run)
     return bool(run.state == RunState.RUNNING and run.repartition_every and progress >= due
-                and recovery.get("plan"))
+                and deployment.plan)
 
 
 def run_repartition_check(*, run_id: int, progress: int, seen: Run | None = None
@@ -504,20 +507,20 @@ def run_repartition_check(*, run_id: int, progress: int, seen: Run | None = None
     if seen is not None and not _repartition_due(seen, progress):
         return None
     with transaction.atomic():
-        run = _locked(Run(pk=run_id))
+        run = lock_run(Run(pk=run_id))
         if not _repartition_due(run, progress):
             return None
-        recovery = dict(run.recovery or {})
-        recovery["next_check"] = progress + run.repartition_every * run.microbatches
-        run.recovery = recovery
-        run.save(update_fields=["recovery"])
+        run.deployment = replace(
+            Deployment.from_json(run.deployment),
+            next_check=progress + run.repartition_every * run.microbatches).to_json()
+        run.save(update_fields=["deployment"])
         decision = _repartition_decision(run, progress)
         if decision is None:
             return run
         detail = {"saved_s": round(decision.saved_s, 4), "cost_s": round(decision.cost_s, 4)}
         if not decision.move:
-            _control_event(run, "repartition_skipped", detail={
-                **detail, **run.recovery.get("estimate", {})})
+            control_event(run, "repartition_skipped", detail={
+                **detail, **Deployment.from_json(run.deployment).estimate})
             return run
         return _lose(run, [], reason="", detected_by="", cause="dynamic", decision=detail)
 
@@ -532,12 +535,12 @@ def _dynamic_planner(run: Run) -> str:
 
 
 def _repartition_decision(run: Run, progress: int) -> Decision | None:
-    recovery = run.recovery
+    deployment = Deployment.from_json(run.deployment)
     try:
         profile, all_devices, cm = _next_generation_inputs(run, _candidates(run))
-        current = parse_plan(recovery["plan"], profile=profile, devices=all_devices,
+        current = parse_plan(dict(deployment.plan or {}), profile=profile, devices=all_devices,
                              file="the current plan")
-        measured = measured_period_s(run=run, since_s=float(recovery.get("since_s", 0.0)),
+        measured = measured_period_s(run=run, since_s=deployment.since_s,
                                      last=current.stages[-1].devices)
         if measured is None:
             return None
@@ -559,12 +562,12 @@ def _repartition_decision(run: Run, progress: int) -> Decision | None:
         measured_period_s=measured, new_period_s=predicted.period_s,
         remaining_microbatches=max(0, run.total_microbatches - progress),
         bytes_to_move=moved, bandwidth_bps=bandwidth,
-        restart_s=float(recovery.get("restart_s") or 1.0),
+        restart_s=deployment.restart_s or 1.0,
         redo_microbatches=len(current.stages))
-    run.recovery = {**recovery, "estimate": {
+    run.deployment = replace(deployment, estimate={
         "measured_throughput_sps": round(run.model_spec.batch_size / measured, 2),
-        "predicted_throughput_sps": round(predicted.throughput_sps, 2)}}
-    run.save(update_fields=["recovery"])
+        "predicted_throughput_sps": round(predicted.throughput_sps, 2)}).to_json()
+    run.save(update_fields=["deployment"])
     if same:
         return Decision(saved_s=0.0, cost_s=decision.cost_s)
     return decision
@@ -580,7 +583,7 @@ def run_suspect(*, run: Run, device: Device, generation: Any) -> None:
     Celery task with that countdown."""
     if run.state != RunState.RUNNING or generation != run.generation:
         return
-    staged = [rd.device.uid for rd in _staged(run)]
+    staged = [rd.device.uid for rd in staged_devices(run)]
     with transaction.atomic():
         _, created = Probe.objects.get_or_create(
             run=run, defaults={"generation": run.generation, "asked": staged, "answers": {}})

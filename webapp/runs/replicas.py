@@ -42,7 +42,7 @@ from webapp.common.exceptions import ApplicationError, Conflict, FieldError, Inv
 from webapp.devices.models import Device
 from webapp.devices.selectors import model_num_layers
 from webapp.runs.models import Run, WeightReplica
-from webapp.runs.states import ACTIVE, RunState
+from webapp.runs.states import ACTIVE, Deployment, Recovery, RunState
 
 log = logging.getLogger(__name__)
 
@@ -77,18 +77,18 @@ class NotItsLayers(ApplicationError):
 
 def _current_plans(run: Run) -> list[dict[str, Any]]:
     """The plan documents whose stages the run's devices run now: the chosen plan while it
-    starts (a start after an earlier failure leaves that one's plan in ``recovery``), the
+    starts (a start after an earlier failure leaves that one's plan in ``deployment``), the
     current generation's plan after, and while it recovers also the next generation's, once
     re-planned (its devices are deploying it)."""
-    recovery = run.recovery if isinstance(run.recovery, dict) else {}
     documents: list[Any] = []
     if run.state != RunState.STARTING:
-        documents.append(recovery.get("plan"))
+        documents.append(Deployment.from_json(run.deployment).plan)
     if not any(documents) and run.chosen_plan_id is not None:
         documents = [Run.objects.filter(pk=run.pk).values_list("chosen_plan__document",
                                                                flat=True).first()]
-    if run.state == RunState.RECOVERING:
-        documents.append(recovery.get("next_plan"))
+    recovery = Recovery.from_json(run.recovery)
+    if run.state == RunState.RECOVERING and recovery is not None:
+        documents.append(recovery.next_plan)
     return [d for d in documents if isinstance(d, dict)]
 
 
@@ -243,7 +243,7 @@ def replica_store(*, run: Run, device: Device, first: int, last: int, applied: i
             # one upload at a time, checked against the run as it is now (a recovery may have
             # moved the device's stage meanwhile)
             locked = (Run.objects.select_for_update()
-                      .only("pk", "state", "recovery", "chosen_plan").get(pk=run.pk))
+                      .only("pk", "state", "deployment", "recovery", "chosen_plan").get(pk=run.pk))
             _check_uploader(locked, device, first, last)
             newer = list(WeightReplica.objects.filter(run=run, first=first, last=last,
                                                       applied__gt=applied)

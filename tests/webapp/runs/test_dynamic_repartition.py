@@ -38,7 +38,7 @@ def running_run(*, batches: int = 500, algorithm: str = "optimal",
     for device in devices:
         services.run_stage_ready(run=run, device=device)
     run.refresh_from_db()
-    assert run.state == Run.State.RUNNING and len(run.recovery["plan"]["stages"]) == 3
+    assert run.state == Run.State.RUNNING and len(run.deployment["plan"]["stages"]) == 3
     return run
 
 
@@ -47,7 +47,7 @@ def train(run: Run, *, slower: dict[int, float], microbatches: int = 64,
     """Store timeline events as if each stage ran at its profiled speed, the stages named in
     ``slower`` that many times slower, those in ``in_pass`` with that many seconds more in
     their passes (a fixed cost, not the layers)."""
-    stages = run.recovery["plan"]["stages"]
+    stages = run.deployment["plan"]["stages"]
     # the profile: layer i takes 0.03 (i + 1) s forward and backward on every device
     times = []
     for k, stage in enumerate(stages):
@@ -91,7 +91,7 @@ def test_a_move_deploys_the_plan_its_break_even_was_judged_on() -> None:
     train(run, slower={1: 20.0})
     moved = recovery.run_repartition_check(run_id=run.pk, progress=64)
     assert moved is not None and moved.state == Run.State.RECOVERING
-    before = moved.recovery["plan"]
+    before = moved.deployment["plan"]
     for rd in RunDevice.objects.filter(run=run).select_related("device"):
         stage = next(s for s in before["stages"] if rd.device.uid in s["devices"])
         moved = recovery.run_stage_halted(
@@ -132,7 +132,7 @@ def test_devices_as_fast_as_profiled_keep_their_plan_and_the_next_check_waits() 
     assert run.state == Run.State.RUNNING
     assert FaultEvent.objects.get(run=run, kind="repartition_skipped").detail["saved_s"] == 0
     # the next check comes repartition_every batches later
-    assert run.recovery["next_check"] == 64 + run.repartition_every * MICROBATCHES
+    assert run.deployment["next_check"] == 64 + run.repartition_every * MICROBATCHES
     assert recovery.run_repartition_check(run_id=run.pk, progress=100) is None
 
 
@@ -140,17 +140,17 @@ def test_a_device_left_out_keeps_its_measured_capacity() -> None:
     # the generation after a move has no stage times of a device it left out: the capacity
     # measured before stays with it, so the next re-plan does not take it back at its profile
     run = running_run()
-    slow = run.recovery["plan"]["stages"][1]["devices"][0]
+    slow = run.deployment["plan"]["stages"][1]["devices"][0]
     train(run, slower={1: 20.0})
     moved = recovery.run_repartition_check(run_id=run.pk, progress=64)
     assert moved is not None
-    kept = moved.recovery["capacity"]
+    kept = moved.deployment["capacity"]
     assert kept[slow] == pytest.approx(1 / 20, rel=0.05)
     assert all(r == pytest.approx(1.0, rel=0.05) for d, r in kept.items() if d != slow)
     # as the next generation runs, on the others only, with nothing measured yet
-    others = [s for s in moved.recovery["plan"]["stages"] if slow not in s["devices"]]
-    moved.recovery = {"plan": {**moved.recovery["plan"], "stages": others},
-                      "since_s": 1e9, "capacity": kept}
+    others = [s for s in moved.deployment["plan"]["stages"] if slow not in s["devices"]]
+    moved.deployment = {"plan": {**moved.deployment["plan"], "stages": others},
+                        "since_s": 1e9, "capacity": kept}
     profile, devices = recovery.run_planning_inputs(run=moved)
     planned = recovery._planning_devices(moved, profile, devices)
     before = {d.id: d for d in devices.devices}
@@ -171,7 +171,7 @@ def test_a_copy_of_the_run_that_is_not_due_ends_the_check_and_a_due_one_is_check
     fresh = Run.objects.get(pk=run.pk)
     assert recovery.run_repartition_check(run_id=run.pk, progress=64, seen=fresh) is not None
     fresh.refresh_from_db()
-    assert fresh.recovery["next_check"] == 64 + run.repartition_every * MICROBATCHES
+    assert fresh.deployment["next_check"] == 64 + run.repartition_every * MICROBATCHES
     assert recovery.run_repartition_check(run_id=run.pk, progress=70, seen=fresh) is None
 
 
@@ -184,7 +184,7 @@ def test_a_fixed_cost_inside_the_passes_is_not_read_as_a_slower_device() -> None
     for in_passes in (0.05, None):
         run = running_run(measured=(0.05, in_passes))
         device = RunDevice.objects.get(run=run, position=0).device.uid
-        stage = next(k for k, s in enumerate(run.recovery["plan"]["stages"])
+        stage = next(k for k, s in enumerate(run.deployment["plan"]["stages"])
                      if device in s["devices"])
         train(run, slower={}, in_pass={stage: 0.05})
         assert recovery.run_repartition_check(run_id=run.pk, progress=64) is not None
@@ -193,5 +193,5 @@ def test_a_fixed_cost_inside_the_passes_is_not_read_as_a_slower_device() -> None
             assert run.state == Run.State.RUNNING
             skipped = FaultEvent.objects.get(run=run, kind="repartition_skipped")
             assert skipped.detail["saved_s"] == 0
-        predicted.append(run.recovery["estimate"]["predicted_throughput_sps"])
+        predicted.append(run.deployment["estimate"]["predicted_throughput_sps"])
     assert predicted[1] < 0.95 * predicted[0]

@@ -66,7 +66,8 @@ def test_after_a_repartition_the_new_plan_decides(agent):
 def test_while_recovering_the_plan_replaced_and_the_one_deployed_both_count(agent):
     run, (a, b) = staged_run()
     run.state = Run.State.RECOVERING
-    run.recovery = {**run.recovery, "next_plan": plan_document((0, 5, [b]))}  # a was lost
+    run.recovery = {"generation": 1, "lost": [a.uid],  # a was lost
+                    "next_plan": plan_document((0, 5, [b]))}
     run.save(update_fields=["state", "recovery"])
     assert put(agent(a), run, 0, 2, 8, weights(0, 2)).status_code == 201  # a late upload
     assert put(agent(b), run, 0, 5, 8, weights(0, 5)).status_code == 201  # its new stage
@@ -75,7 +76,7 @@ def test_while_recovering_the_plan_replaced_and_the_one_deployed_both_count(agen
 
 def test_while_starting_the_chosen_plan_decides(agent):
     run, (a, b) = staged_run()
-    # a start after a failure: recovery still holds the earlier start's plan
+    # a start after a failure: deployment still holds the earlier start's plan
     run.chosen_plan = PlanFactory(run=run, document=plan_document((0, 4, [b]), (5, 5, [a])))
     run.state = Run.State.STARTING
     run.save(update_fields=["chosen_plan", "state"])
@@ -102,7 +103,7 @@ def test_a_run_that_is_not_active_takes_no_replica(agent, state):
                                    Run.State.STARTING])
 def test_an_active_run_takes_them(agent, state):
     run, (a, _) = staged_run()
-    run.chosen_plan = PlanFactory(run=run, document=run.recovery["plan"])
+    run.chosen_plan = PlanFactory(run=run, document=run.deployment["plan"])
     run.state = state
     run.save(update_fields=["chosen_plan", "state"])
     assert put(agent(a), run, 0, 2, 8, weights(0, 2)).status_code == 201

@@ -42,8 +42,8 @@ def plan_document(*stages: tuple[int, int, list]) -> dict:
 
 def use_plan(run: Run, *stages: tuple[int, int, list]) -> None:
     """Make ``stages`` the run's current plan (a run's generation as it runs)."""
-    run.recovery = {**run.recovery, "plan": plan_document(*stages)}
-    run.save(update_fields=["recovery"])
+    run.deployment = {**run.deployment, "plan": plan_document(*stages)}
+    run.save(update_fields=["deployment"])
     for k, (_, _, devices) in enumerate(stages):
         RunDevice.objects.filter(run=run, device__in=devices).update(stage=k)
 

@@ -19,6 +19,7 @@ from webapp.common.exceptions import Conflict, IllegalTransition, InvalidInput
 from webapp.devices.models import Device
 from webapp.runs import events, selectors, services
 from webapp.runs.models import FaultEvent, MetricPoint, Plan, Run, RunDevice, TimelineEvent
+from webapp.runs.services import ingest, planning
 
 pytestmark = pytest.mark.django_db
 
@@ -189,7 +190,7 @@ def test_a_crashing_planner_fails_its_plan_instead_of_leaving_the_run_planning(m
     def crash(*args, **kwargs):
         raise ZeroDivisionError("division by zero")
 
-    monkeypatch.setattr(services, "run_planner", crash)
+    monkeypatch.setattr(planning, "run_planner", crash)
     services.plan_compute(plan_id=plan.pk)
     plan.refresh_from_db()
     run.refresh_from_db()
@@ -209,7 +210,7 @@ def test_a_plan_that_could_not_run_fails_so_the_best_is_one_that_can(
             raise RuntimeError("the schedule deadlocks: waiting actions {'a': '0B3'}")
         return simulate(cm, plan, **kwargs)
 
-    monkeypatch.setattr(services, "simulate", deadlocking)
+    monkeypatch.setattr(planning, "simulate", deadlocking)
     run = profiled_run(algorithms=("optimal", "uniform", "bsp"))
     with django_capture_on_commit_callbacks(execute=True):
         services.run_plan(run=run)
@@ -276,7 +277,7 @@ def test_planning_holds_no_transaction_so_other_writes_proceed_meanwhile(monkeyp
             lambda: Device.objects.filter(pk=device.pk).update(name="renamed meanwhile"))
         return run_planner(*args, **kwargs)
 
-    monkeypatch.setattr(services, "run_planner", planner)
+    monkeypatch.setattr(planning, "run_planner", planner)
     # Execute
     result = services.plan_compute(plan_id=plan.pk)
     # Assert
@@ -294,7 +295,7 @@ def test_planning_holds_no_transaction_so_other_writes_proceed_meanwhile(monkeyp
 def test_a_learned_plan_commits_its_training_curve_while_it_learns(monkeypatch):
     # Prepare: every episode saved (no throttle); each episode's callback is followed by a
     # look at the row from another connection
-    monkeypatch.setattr(services, "TRAINING_SAVE_EVERY_S", 0.0)
+    monkeypatch.setattr(planning, "TRAINING_SAVE_EVERY_S", 0.0)
     run = profiled_run(algorithms=("tapp",), state=Run.State.PLANNING)
     plan = Plan.objects.create(run=run, algorithm="tapp", training={"episodes": [99]})
     old = events.run_snapshot(Run.objects.get(pk=run.pk))
@@ -311,7 +312,7 @@ def test_a_learned_plan_commits_its_training_curve_while_it_learns(monkeypatch):
 
         return run_planner(cm, algorithm, **{**options, "on_episode": on_episode})
 
-    monkeypatch.setattr(services, "run_planner", planner)
+    monkeypatch.setattr(planning, "run_planner", planner)
     # Execute
     assert services.plan_compute(plan_id=plan.pk)["status"] == "done"
     # Assert: one entry per episode, committed as it learned
@@ -338,7 +339,7 @@ def test_a_learned_plan_commits_its_training_curve_while_it_learns(monkeypatch):
 
 @override_settings(PLANNING_LEARNED_EPISODES=5)
 def test_a_learned_plans_curve_is_saved_at_most_every_interval(monkeypatch):
-    monkeypatch.setattr(services, "TRAINING_SAVE_EVERY_S", 3600.0)
+    monkeypatch.setattr(planning, "TRAINING_SAVE_EVERY_S", 3600.0)
     sent = []
     monkeypatch.setattr(events, "run_event_send", lambda run_id, event: sent.append(event))
     run = profiled_run(algorithms=("tapp",), state=Run.State.PLANNING)
@@ -360,7 +361,7 @@ def test_a_learned_plan_that_fails_keeps_the_curve_it_learned(monkeypatch):
         on_episode(1, -1.25, -1.75)
         raise ValueError("the reward diverged")
 
-    monkeypatch.setattr(services, "run_planner", planner)
+    monkeypatch.setattr(planning, "run_planner", planner)
     services.plan_compute(plan_id=plan.pk)
     plan.refresh_from_db()
     assert plan.status == Plan.Status.FAILED and plan.error == "the reward diverged"
@@ -460,7 +461,7 @@ def test_tens_of_thousands_of_timeline_events_are_stored_in_bulk(django_assert_m
     records = [TimelineRecord(run.pk, "dev-1", i % 4, "forward", i, 0, i * 0.01, i * 0.01 + 0.005)
                for i in range(30_000)]
     fields = [f for f in TimelineEvent._meta.concrete_fields if not f.primary_key]
-    per_query = min(services.BULK_BATCH, connection.ops.bulk_batch_size(fields, records))
+    per_query = min(ingest.BULK_BATCH, connection.ops.bulk_batch_size(fields, records))
     with django_assert_max_num_queries(math.ceil(30_000 / per_query) + 2):
         assert len(services.timeline_events_store(run=run, records=records)) == 30_000
     assert TimelineEvent.objects.filter(run=run).count() == 30_000

@@ -1,0 +1,81 @@
+"""What every write on a run builds on: locking it, moving it through the state machine, its
+clock, control events on its timeline, commands to all its stages, failing it."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.utils import timezone
+
+from orchestrator.events import FaultEvent as FaultRecord
+from webapp.devices.commands import command_build, device_command_send
+from webapp.devices.models import Device
+from webapp.runs import events, selectors
+from webapp.runs.models import (
+    Run,
+    RunDevice,
+)
+from webapp.runs.services.ingest import fault_events_store
+from webapp.runs.states import Recovery, RunState, check_transition
+
+log = logging.getLogger(__name__)
+
+
+ACTIVE_DEVICE = (Device.Status.ONLINE, Device.Status.BUSY)
+
+
+def lock_run(run: Run) -> Run:
+    return Run.objects.select_for_update().get(pk=run.pk)
+
+
+def move_run(run: Run, target: str, *, action: str, **changes: Any) -> Run:
+    """Move a locked run to ``target`` (409 if not allowed) and tell its group."""
+    check_transition(entity=f"run {run.pk}", state=run.state, target=target, action=action)
+    run.state = target
+    for name, value in changes.items():
+        setattr(run, name, value)
+    run.save()
+    events.run_event_send(run.pk, events.event_run(run))
+    return run
+
+
+def run_clock(run: Run) -> float:
+    """Seconds since the run started (its timeline's clock); 0 before it starts, and while a
+    run that lost a device as it started recovers (its training has not begun)."""
+    if run.started_at is None or run.state == RunState.STARTING or (
+            run.state == RunState.RECOVERING and _recovering_from_start(run)):
+        return 0.0
+    return max(0.0, (timezone.now() - run.started_at).total_seconds())
+
+
+def _recovering_from_start(run: Run) -> bool:
+    recovery = Recovery.from_json(run.recovery)
+    return recovery is not None and recovery.from_start
+
+
+def control_event(run: Run, kind: str, *, device: str = "",
+                   detail: dict[str, Any] | None = None) -> None:
+    rows = fault_events_store(run=run, records=[FaultRecord(
+        run=run.pk, at=run_clock(run), kind=kind, device=device or None, detail=detail or {})])
+    events.run_event_send(run.pk, events.event_faults([selectors.fault_json(r) for r in rows]))
+
+
+def staged_devices(run: Run) -> list[RunDevice]:
+    return list(RunDevice.objects.filter(run=run, stage__isnull=False)
+                .select_related("device").order_by("stage", "position"))
+
+
+def command_all_stages(run: Run, name: str, **fields: Any) -> None:
+    for rd in staged_devices(run):
+        device_command_send(uid=rd.device.uid, command=command_build(name, run=run.pk, **fields))
+
+
+def fail_run(run: Run, error: str, *, device: str = "") -> Run:
+    """Fail a run that is starting or running: tell its agents to stop, say why."""
+    failed = move_run(run, RunState.FAILED, action="fail", error=error,
+                         finished_at=timezone.now())
+    events.run_event_send(failed.pk, events.event_idle(failed))
+    control_event(failed, "run_failed", device=device, detail={"error": error})
+    command_all_stages(failed, "stop")
+    return failed
