@@ -187,6 +187,11 @@ class Plan(models.Model):
                   "empty for the other planners")
     attempts = models.PositiveIntegerField(default=0)
     worker = models.CharField(max_length=200, blank=True)
+    heartbeat_at = models.DateTimeField(
+        null=True, blank=True, help_text="the computing worker's last sign of life")
+    interruptions = models.JSONField(
+        default=list, blank=True,
+        help_text="the attempts whose worker stopped mid-plan: worker, attempt, at, reason")
     queued_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -70,6 +70,13 @@ class TrainingOutput(serializers.Serializer):
                   "penalised); null until a candidate fits in memory")
 
 
+class InterruptionOutput(serializers.Serializer):
+    worker = serializers.CharField(help_text="the worker that stopped mid-plan")
+    attempt = serializers.IntegerField(help_text="the attempt it cut short, from 1")
+    at = serializers.DateTimeField(help_text="when the server noticed")
+    reason = serializers.CharField()
+
+
 class PlanOutput(serializers.Serializer):
     id = serializers.IntegerField()
     run = serializers.IntegerField(source="run_id")
@@ -86,6 +93,10 @@ class PlanOutput(serializers.Serializer):
     training = TrainingOutput()
     attempts = serializers.IntegerField()
     worker = serializers.CharField()
+    heartbeat_at = serializers.DateTimeField(
+        allow_null=True, help_text="the computing worker's last sign of life")
+    interruptions = InterruptionOutput(
+        many=True, help_text="earlier attempts whose worker stopped mid-plan, oldest first")
     queued_at = serializers.DateTimeField()
     started_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField()

@@ -23,6 +23,12 @@ def plan_compute(self: Any, plan_id: int) -> dict[str, Any]:
 
 
 @shared_task
+def plans_watch() -> list[int]:
+    """Beat: plans whose worker went silent are queued again, and their run page says so."""
+    return services.plans_watch(silent_s=settings.PLAN_WORKER_SILENT_S)
+
+
+@shared_task
 def runs_fail_stalled() -> list[int]:
     """Beat: runs whose deployment got no answer in time fail, naming the silent devices."""
     return services.runs_fail_stalled(older_than_s=settings.DEPLOY_TIMEOUT_S)

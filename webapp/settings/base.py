@@ -249,7 +249,15 @@ DEVICE_OFFLINE_AFTER_S = env.int("DEVICE_OFFLINE_AFTER_S", default=60)
 LIVE_IDLE_INTERVAL_S = env.float("LIVE_IDLE_INTERVAL_S", default=2.0)
 # Seconds a run may stay starting before the devices that did not answer fail it.
 DEPLOY_TIMEOUT_S = env.int("DEPLOY_TIMEOUT_S", default=90)
+# A worker computing a plan marks it alive this often; one silent for PLAN_WORKER_SILENT_S has
+# stopped: beat queues its plan again, and the run page says so.
+PLAN_HEARTBEAT_S = env.float("PLAN_HEARTBEAT_S", default=5.0)
+PLAN_WORKER_SILENT_S = env.float("PLAN_WORKER_SILENT_S", default=30.0)
 CELERY_BEAT_SCHEDULE = {
+    "plans-watch": {
+        "task": "webapp.runs.tasks.plans_watch",
+        "schedule": max(2.0, PLAN_WORKER_SILENT_S / 3),
+    },
     "devices-mark-offline": {
         "task": "webapp.devices.tasks.devices_mark_offline",
         "schedule": max(5, DEVICE_OFFLINE_AFTER_S // 4),

@@ -265,8 +265,8 @@ def plan_through_a_worker_kill(browser: Browser, processes: Processes,
                                ) -> tuple[dict[str, Any], float]:
     """Plan a run on a large generated testbed (12 devices, 600 layers: ``optimal`` takes
     seconds there), SIGKILL ``worker`` with its pool while it computes the plan of
-    ``algorithms[0]``, start ``replacement``; the run once planning ended and the seconds from
-    the kill. ``plans(run_id)`` reads the run's plans from the database by algorithm."""
+    ``algorithms[0]``, start ``replacement``; the run once planning ended (its plan names the
+    killed worker among its interruptions) and the seconds from the kill. ``plans(run_id)`` reads the run's plans from the database by algorithm."""
     spec, devices = generated_testbed(seed=1, layers=600, devices=12)
     spec_id, enrolled = enrol(browser, spec, devices)
     run = browser.post("/api/runs/", {"name": "big", "model_spec": spec_id,
@@ -285,4 +285,8 @@ def plan_through_a_worker_kill(browser: Browser, processes: Processes,
     assert browser.get(f"/api/runs/{run['id']}/")["state"] == "planning"
     processes.worker(replacement)
     planned = browser.wait_run(run["id"], ("planned", "failed"), timeout=180)
+    # the run page's plans say which worker stopped on which attempt
+    shown = {p["algorithm"]: p for p in browser.get(f"/api/runs/{run['id']}/plans/")}[slow]
+    assert [(i["worker"].split("@")[0], i["attempt"]) for i in shown["interruptions"]] == [
+        (worker, 1)], shown["interruptions"]
     return planned, time.monotonic() - killed_at

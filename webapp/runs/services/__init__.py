@@ -27,12 +27,13 @@ from webapp.runs.services.planning import (
     TrainingProgress,
     plan_compute,
     plans_requeue_unfinished,
+    plans_watch,
 )
 
 __all__ = [
     "ACTIVE_DEVICE", "TrainingProgress", "fault_events_store", "metric_points_store",
-    "plan_compute", "plans_requeue_unfinished", "run_create", "run_events_store", "run_pause",
-    "run_plan", "run_stage_done", "run_stage_failed", "run_stage_ready", "run_start",
-    "run_stop", "run_transition", "runs_fail_stalled", "spec_fields", "stage_specs",
-    "timeline_events_store",
+    "plan_compute", "plans_requeue_unfinished", "plans_watch", "run_create",
+    "run_events_store", "run_pause", "run_plan", "run_stage_done", "run_stage_failed",
+    "run_stage_ready", "run_start", "run_stop", "run_transition", "runs_fail_stalled",
+    "spec_fields", "stage_specs", "timeline_events_store",
 ]

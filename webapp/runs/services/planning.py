@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
+from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, InterfaceError, transaction
+from django.db import DatabaseError, InterfaceError, connection, transaction
 from django.utils import timezone
 
 from orchestrator.cost import build_cost_model, memory_shortfall
@@ -40,9 +43,21 @@ UNFINISHED = (Plan.Status.PENDING, Plan.Status.RUNNING)
 TRAINING_SAVE_EVERY_S = 1.0
 
 
+def _interruption(plan: Plan, reason: str) -> dict[str, Any]:
+    """What the run page says of an attempt whose worker stopped mid-plan."""
+    return {"worker": plan.worker, "attempt": plan.attempts,
+            "at": timezone.now().isoformat(timespec="seconds"), "reason": reason}
+
+
+def _interrupted(plan: Plan, reason: str) -> None:
+    """Record that ``plan``'s current attempt was cut short (once per attempt)."""
+    if not any(i.get("attempt") == plan.attempts for i in plan.interruptions):
+        plan.interruptions = [*plan.interruptions, _interruption(plan, reason)]
+
+
 def _plan_claim(plan_id: int, worker: str) -> Plan | None:
-    """Mark a plan running (again, if a worker died on it), in a transaction of its own; None
-    if there is nothing to do."""
+    """Mark a plan running (again, if a worker died on it: the run page says so), in a
+    transaction of its own; None if there is nothing to do."""
     with transaction.atomic():
         plan = Plan.objects.select_for_update().select_related("run").filter(pk=plan_id).first()
         if plan is None or plan.status not in UNFINISHED:
@@ -53,12 +68,15 @@ def _plan_claim(plan_id: int, worker: str) -> Plan | None:
             plan.save()
             events.run_event_send(plan.run_id, events.event_plan(plan))
             return None
+        if plan.status == Plan.Status.RUNNING:  # its task came back: the worker stopped
+            _interrupted(plan, "the worker stopped mid-plan; its task was delivered again")
         plan.status = Plan.Status.RUNNING
         plan.attempts += 1
         plan.worker = worker
-        plan.started_at = timezone.now()
+        plan.started_at = plan.heartbeat_at = timezone.now()
         plan.training = {}  # a new attempt starts a new curve
-        plan.save(update_fields=["status", "attempts", "worker", "started_at", "training"])
+        plan.save(update_fields=["status", "attempts", "worker", "started_at", "heartbeat_at",
+                                 "training", "interruptions"])
         events.run_event_send(plan.run_id, events.event_plan(plan))
         return plan
 
@@ -209,11 +227,72 @@ def plan_compute(*, plan_id: int, worker: str = "") -> dict[str, Any]:
     if plan is None:
         return {"plan": plan_id, "status": "skipped"}
     progress = TrainingProgress(plan) if plan.algorithm in LEARNED else None
-    status, fields = _plan_outcome(plan, progress)
+    with _Heartbeat(plan, every_s=settings.PLAN_HEARTBEAT_S):
+        status, fields = _plan_outcome(plan, progress)
     if progress is not None:
         fields["training"] = progress.curve()  # the whole curve, whatever the outcome
     _plan_store(plan, status, fields)
     return {"plan": plan_id, "status": status}
+
+
+class _Heartbeat:
+    """While a worker computes a plan, a thread marks the plan's row alive every ``every_s``
+    (``heartbeat_at``), as long as this attempt holds it: a plan whose mark goes stale lost its
+    worker (:func:`plans_watch`). The thread's database connection is its own, closed at the
+    end."""
+
+    def __init__(self, plan: Plan, *, every_s: float) -> None:
+        self.plan, self.every_s = plan, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True,
+                                        name=f"plan-{plan.pk}-heartbeat")
+
+    def __enter__(self) -> _Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        try:
+            while not self._stop.wait(self.every_s):
+                try:
+                    Plan.objects.filter(pk=self.plan.pk, status=Plan.Status.RUNNING,
+                                        attempts=self.plan.attempts
+                                        ).update(heartbeat_at=timezone.now())
+                except (DatabaseError, InterfaceError):
+                    log.warning("plan %s: could not mark it alive", self.plan.pk, exc_info=True)
+        finally:
+            connection.close()
+
+
+def plans_watch(*, silent_s: float) -> list[int]:
+    """Plans of planning runs whose worker has given no sign of life for ``silent_s`` (killed,
+    or its machine gone): say so on the plan (the run page shows it), and queue it again for
+    any worker. The broker would give the task back too, but only after its visibility
+    timeout (Redis) or when a worker restarts (the embedded broker). Returns their ids."""
+    from webapp.runs.tasks import plan_compute  # the task module imports these services
+
+    cutoff = timezone.now() - timedelta(seconds=silent_s)
+    requeued = []
+    for pk in Plan.objects.filter(status=Plan.Status.RUNNING, heartbeat_at__lt=cutoff,
+                                  run__state=RunState.PLANNING).values_list("pk", flat=True):
+        with transaction.atomic():
+            plan = Plan.objects.select_for_update().filter(
+                pk=pk, status=Plan.Status.RUNNING, heartbeat_at__lt=cutoff).first()
+            if plan is None:
+                continue
+            log.warning("plan %s (%s): worker %s silent for %g s; queued again", plan.pk,
+                        plan.algorithm, plan.worker, silent_s)
+            _interrupted(plan, f"the worker gave no sign of life for {silent_s:g} s")
+            plan.status, plan.worker, plan.heartbeat_at = Plan.Status.PENDING, "", None
+            plan.save(update_fields=["status", "worker", "heartbeat_at", "interruptions"])
+            events.run_event_send(plan.run_id, events.event_plan(plan))
+            transaction.on_commit(partial(plan_compute.delay, plan.pk))
+        requeued.append(pk)
+    return requeued
 
 
 def plans_requeue_unfinished() -> list[int]:

@@ -147,14 +147,17 @@
     $("kind-legend").append(h("span", null, swatch, EP.charts.KINDS[kind].label));
   }
 
-  /* The comparison is fetched again when a plan's status changes; a training plan's progress
-     only redraws the table (its status cell) and its training chart. */
+  /* The comparison is fetched again when a plan's status or attempt changes (a worker that
+     stopped mid-plan: the plan is computed again); a training plan's progress only redraws the
+     table (its status cell) and its training chart. */
   async function renderPlans() {
     const plans = snap.plans;
     $("plans-empty").hidden = plans.length > 0;
     $("plans-body").hidden = plans.length === 0;
     renderTrainings();
-    const key = JSON.stringify(plans.map(function (p) { return [p.id, p.status]; })) + snap.run.state +
+    const key = JSON.stringify(plans.map(function (p) {
+      return [p.id, p.status, p.attempts, (p.interruptions || []).length];
+    })) + snap.run.state +
       snap.run.chosen_plan;
     if (plans.length === 0) return;
     if (key === compareKey) {
@@ -268,10 +271,28 @@
       return h("td", null, h("span", { class: "badge badge-running", "data-training": plan.id },
         "training · episode " + plan.training.episodes[episodesOf(plan) - 1]));
     }
+    if (row.status === "running" && plan.attempts > 1) {
+      return h("td", null, EP.badge(row.status), h("span", { class: "muted small" }, " attempt " + plan.attempts));
+    }
     return h("td", null, EP.badge(row.status));
   }
 
   function cell(text, cls) { return h("td", { class: cls }, text); }
+
+  /* A worker killed (or gone silent) mid-plan: which one, on which attempt, and what happens
+     now (the plan is queued for any worker, or computed again on another). */
+  function interruptionsNote(plan) {
+    const stopped = plan.interruptions || [];
+    if (stopped.length === 0) return null;
+    const lines = stopped.map(function (i) {
+      return "Worker " + (i.worker || "?") + " stopped during attempt " + i.attempt +
+        " (" + i.reason + ", " + fmt.when(i.at) + ").";
+    });
+    const now = plan.status === "pending" ? "Waiting for a worker to compute it again."
+      : plan.status === "running" ? "Attempt " + plan.attempts + " on " + plan.worker + "."
+      : "Attempt " + plan.attempts + " finished it.";
+    return h("span", { class: "warning-note", "data-interrupted": plan.id }, lines.join(" ") + " " + now);
+  }
 
   function renderCompare(compare) {
     const byId = {};
@@ -312,6 +333,8 @@
         body.append(h("tr", null, h("td", { colspan: 11, class: "small" },
           h("span", { class: "field-error" }, row.error))));
       }
+      const stopped = interruptionsNote(plan);
+      if (stopped) body.append(h("tr", null, h("td", { colspan: 11, class: "small" }, stopped)));
       if (row.status === "done" && plan.id && !planGantts[row.plan]) loadPlanGantt(row);
     }
     orderPlanGantts(compare.rows);
