@@ -6,10 +6,10 @@ class AccountsConfig(AppConfig):
     label = "accounts"
 
     def ready(self) -> None:
-        from django.contrib.auth.signals import user_logged_in, user_login_failed
+        from django.contrib.auth.signals import user_logged_in
 
         from webapp.accounts import throttle
 
-        user_login_failed.connect(throttle.on_login_failed,
-                                  dispatch_uid="webapp.accounts.login_failed")
+        # a failed login is counted before its password is tried (backends), a successful
+        # one given back here
         user_logged_in.connect(throttle.on_logged_in, dispatch_uid="webapp.accounts.logged_in")

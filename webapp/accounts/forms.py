@@ -10,8 +10,6 @@ from django import forms
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm
 
-from webapp.accounts.throttle import client_address, retry_after
-
 
 def throttled_message(wait_s: int) -> str:
     minutes = max(1, math.ceil(wait_s / 60))
@@ -20,18 +18,23 @@ def throttled_message(wait_s: int) -> str:
 
 
 class ThrottledLoginMixin:
-    """For an AuthenticationForm: ``retry_after`` is the seconds to wait when refused."""
+    """For an AuthenticationForm: ``retry_after`` is the seconds to wait when refused. The
+    refusal comes from authenticate() (webapp.accounts.backends), which counts the attempt
+    before the password is tried."""
 
     retry_after = 0
     request: Any
     cleaned_data: dict[str, Any]
 
     def clean(self) -> dict[str, Any]:
-        self.retry_after = retry_after(username=self.cleaned_data.get("username"),
-                                       address=client_address(self.request))
-        if self.retry_after:
-            raise forms.ValidationError(throttled_message(self.retry_after), code="throttled")
-        cleaned: dict[str, Any] = super().clean()  # type: ignore[misc]
+        try:
+            cleaned: dict[str, Any] = super().clean()  # type: ignore[misc]
+        except forms.ValidationError:
+            self.retry_after = getattr(self.request, "login_retry_after", 0)
+            if not self.retry_after:
+                raise
+            raise forms.ValidationError(throttled_message(self.retry_after),
+                                        code="throttled") from None
         return cleaned
 
 

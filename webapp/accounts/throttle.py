@@ -5,22 +5,33 @@ web process shares (Redis; in the embedded setup, files under var/): after
 failures is that old. A successful login forgets its username's failures (not its address's:
 one account of one's own must not buy more guesses at the others).
 
-Each key holds the times of its latest failures (at most the limit): a sliding window, the same
-with every cache backend. Counting is a read then a write, so attempts that run at the same
-moment in different processes may each count once less; one process runs its logins one after
-the other (Django runs synchronous views on one thread under ASGI)."""
+Counting is atomic, so that attempts arriving at the same moment, in one process or in
+several, cannot get more than the limit of passwords tried. Each username and each address
+has LIMIT slots: cache keys that live WINDOW seconds, each holding the time of the attempt
+that took it. An attempt takes one slot of its username and one of its address with
+``cache.add`` (Redis's SET NX; the in-memory cache's lock) *before* its password is tried
+(:class:`~webapp.accounts.backends.LoginThrottleBackend`), and is refused when every slot is
+taken: a sliding window of at most LIMIT tries. A failed attempt keeps its slots; a successful
+login gives them back (``user_logged_in``: an ``authenticate()`` that no ``login()`` follows
+counts as a failure). The file cache's ``add`` is a read then a write, atomic only as far as
+this module's lock makes it so: among the threads of its one web process."""
 
 from __future__ import annotations
 
 import hashlib
 import math
+import threading
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.core.cache import cache
 from django.http import HttpRequest
+
+# takes a slot in one step whatever the cache backend, among the threads of this process
+_taking = threading.Lock()
 
 
 def now() -> float:
@@ -51,50 +62,68 @@ def _keys(username: str | None, address: str | None) -> list[str]:
     return keys
 
 
-def _recent(times: Any, since: float) -> list[float]:
-    if not isinstance(times, list):
-        return []
-    return [t for t in times if isinstance(t, float) and t > since]
+def _slots(key: str) -> list[str]:
+    return [f"{key}:{i}" for i in range(settings.LOGIN_FAILURES_LIMIT)]
+
+
+def _wait_s(key: str, at: float) -> float:
+    """Seconds until a slot of ``key`` frees (0: one is free now)."""
+    held = cache.get_many(_slots(key))
+    if len(held) < settings.LOGIN_FAILURES_LIMIT:
+        return 0.0
+    oldest = min((t for t in held.values() if isinstance(t, float)), default=at)
+    # at least a second: a slot the cache still holds is taken, whatever another clock says
+    return max(1.0, oldest + settings.LOGIN_FAILURES_WINDOW_S - at)
 
 
 def retry_after(*, username: str | None, address: str | None) -> int:
     """Seconds until a login as ``username`` from ``address`` may be tried again (0: now)."""
-    limit, window = settings.LOGIN_FAILURES_LIMIT, settings.LOGIN_FAILURES_WINDOW_S
     at = now()
-    wait = 0.0
-    for times in cache.get_many(_keys(username, address)).values():
-        recent = _recent(times, at - window)
-        if len(recent) >= limit:
-            wait = max(wait, recent[-limit] + window - at)
-    return math.ceil(wait)
+    return math.ceil(max((_wait_s(key, at) for key in _keys(username, address)), default=0.0))
 
 
-def failure_record(*, username: str | None, address: str | None) -> None:
-    """One more failed login as ``username`` from ``address``."""
-    limit, window = settings.LOGIN_FAILURES_LIMIT, settings.LOGIN_FAILURES_WINDOW_S
+def _slot_take(key: str, at: float) -> str | None:
+    """A free slot of ``key``, taken (None when all are)."""
+    slots = _slots(key)
+    held = cache.get_many(slots)
+    for slot in slots:
+        # add is atomic: of attempts racing for one slot, one gets it and the others go on
+        if slot not in held and cache.add(slot, at, timeout=settings.LOGIN_FAILURES_WINDOW_S):
+            return slot
+    return None
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """A login attempt: let through holding ``slots``, or refused for ``retry_after`` s."""
+
+    slots: tuple[str, ...] = ()
+    retry_after: int = 0
+
+
+def attempt_start(*, username: str | None, address: str | None) -> Attempt:
+    """Count an attempt at ``username``'s password from ``address`` before it is tried: a slot
+    of each taken, or a refusal (nothing taken) when one of them has none left."""
     at = now()
-    keys = _keys(username, address)
-    found = cache.get_many(keys)
-    cache.set_many({key: [*_recent(found.get(key), at - window), at][-limit:] for key in keys},
-                   timeout=window)
+    taken: list[str] = []
+    with _taking:
+        for key in _keys(username, address):
+            slot = _slot_take(key, at)
+            if slot is None:
+                cache.delete_many(taken)  # not tried: it does not count for the other key
+                # a second at least: a slot that freed since is the next attempt's
+                return Attempt(retry_after=max(1, math.ceil(_wait_s(key, at))))
+            taken.append(slot)
+    return Attempt(slots=tuple(taken))
 
 
-def failures_forget(*, username: str) -> None:
-    """``username`` logged in: its failures no longer count."""
-    cache.delete(_key("user", username.casefold()))
-
-
-def on_login_failed(sender: Any, credentials: dict[str, Any],
-                    request: HttpRequest | None = None, **kwargs: Any) -> None:
-    """``user_login_failed``: counted, unless the attempt was refused for the failures before
-    it (the password was not tried)."""
-    if request is not None and getattr(request, "login_refused", False):
-        return
-    username = credentials.get(get_user_model().USERNAME_FIELD)
-    failure_record(username=username if isinstance(username, str) else None,
-                   address=client_address(request))
+def attempt_succeeded(*, username: str, slots: Iterable[str] = ()) -> None:
+    """``username`` logged in: the attempt's ``slots`` are given back, and its username's
+    earlier failures no longer count."""
+    cache.delete_many([*slots, *_slots(_key("user", username.casefold()))])
 
 
 def on_logged_in(sender: Any, request: HttpRequest | None, user: Any, **kwargs: Any) -> None:
     """``user_logged_in``."""
-    failures_forget(username=user.get_username())
+    attempt_succeeded(username=user.get_username(),
+                      slots=getattr(request, "login_slots", ()) if request is not None else ())

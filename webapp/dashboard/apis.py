@@ -13,6 +13,7 @@ from rest_framework.views import APIView
 
 from webapp.common.api import get_or_404
 from webapp.common.exceptions import Conflict
+from webapp.common.schema import errors
 from webapp.dashboard import selectors
 from webapp.runs.models import Plan, Run
 from webapp.runs.selectors import plan_list, run_list
@@ -21,6 +22,10 @@ from webapp.runs.selectors import plan_list, run_list
 def _timeline_events() -> serializers.ListField:
     return serializers.ListField(child=serializers.DictField(),
                                  help_text="timeline events (docs/architecture.md)")
+
+
+UNSIMULATED = ("The plan cannot be simulated: it is not computed, or the run's devices or "
+               "profiles have changed since.")
 
 
 def _run(run_id: int) -> Run:
@@ -34,13 +39,14 @@ def _query(serializer_class: type[serializers.Serializer], request: Request) -> 
 
 
 class PlanLayoutsApi(APIView):
-    @extend_schema(responses=inline_serializer("PlanLayouts", {
+    @extend_schema(responses={200: inline_serializer("PlanLayouts", {
         "run": serializers.IntegerField(),
         "layouts": serializers.ListField(
             child=serializers.DictField(),
             help_text="per plan with a document: plan, algorithm, summary, stages (stage, "
                       "layers, replicas, text, devices: device, label, beta, sequential, "
-                      "passes), beta (whether it has one) and notes")}))
+                      "passes), beta (whether it has one) and notes")}),
+        **errors(401, 404)})
     def get(self, request: Request, run_id: int) -> Response:
         run = _run(run_id)
         return Response({"run": run.pk, "layouts": selectors.run_plan_layouts(run=run)})
@@ -51,13 +57,15 @@ class PlanTimelineApi(APIView):
         batches = serializers.IntegerField(min_value=1, max_value=selectors.MAX_PLANNED_BATCHES,
                                            required=False, default=selectors.PLANNED_BATCHES)
 
-    @extend_schema(parameters=[TimelineQuery], responses=inline_serializer("PlannedTimeline", {
-        "plan": serializers.IntegerField(), "algorithm": serializers.CharField(),
-        "schedule": serializers.CharField(), "batches": serializers.IntegerField(),
-        "microbatches": serializers.IntegerField(),
-        "rows": serializers.ListField(child=serializers.DictField()),
-        "makespan_s": serializers.FloatField(), "throughput_sps": serializers.FloatField(),
-        "events": _timeline_events()}))
+    @extend_schema(parameters=[TimelineQuery], responses={
+        200: inline_serializer("PlannedTimeline", {
+            "plan": serializers.IntegerField(), "algorithm": serializers.CharField(),
+            "schedule": serializers.CharField(), "batches": serializers.IntegerField(),
+            "microbatches": serializers.IntegerField(),
+            "rows": serializers.ListField(child=serializers.DictField()),
+            "makespan_s": serializers.FloatField(), "throughput_sps": serializers.FloatField(),
+            "events": _timeline_events()}),
+        **errors(400, 401, 404, 409, conflict=UNSIMULATED)})
     def get(self, request: Request, run_id: int, plan_id: int) -> Response:
         run = _run(run_id)
         plan = get_or_404(plan_list(run=run), plan_id, what=f"plan of run {run.pk}")
@@ -82,12 +90,16 @@ class RunPlannedApi(APIView):
                     {"end": f"must be at most {selectors.MAX_GHOST_SPAN_S:g} s after start"})
             return data
 
-    @extend_schema(parameters=[PlannedQuery], responses=inline_serializer("PlannedWindow", {
-        "plan": serializers.IntegerField(), "algorithm": serializers.CharField(),
-        "anchor_s": serializers.FloatField(), "batch_period_s": serializers.FloatField(),
-        "start_s": serializers.FloatField(), "end_s": serializers.FloatField(),
-        "truncated": serializers.BooleanField(),
-        "events": _timeline_events()}))
+    @extend_schema(parameters=[PlannedQuery], responses={
+        200: inline_serializer("PlannedWindow", {
+            "plan": serializers.IntegerField(), "algorithm": serializers.CharField(),
+            "anchor_s": serializers.FloatField(), "batch_period_s": serializers.FloatField(),
+            "start_s": serializers.FloatField(), "end_s": serializers.FloatField(),
+            "truncated": serializers.BooleanField(),
+            "events": _timeline_events()}),
+        **errors(400, 401, 404, 409, conflict="The run has no chosen plan yet (and none is "
+                                              f"named), or {UNSIMULATED[0].lower()}"
+                                              f"{UNSIMULATED[1:]}")})
     def get(self, request: Request, run_id: int) -> Response:
         run = _run(run_id)
         query = _query(self.PlannedQuery, request)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
@@ -19,7 +19,9 @@ from orchestrator.protocol import HARDWARE, ProtocolError
 from webapp.common import fields
 from webapp.common.api import get_or_404, validated
 from webapp.common.permissions import STAFF, STAFF_WRITES
-from webapp.devices import selectors, services
+from webapp.common.schema import STAFF as STAFF_ONLY
+from webapp.common.schema import errors
+from webapp.devices import selectors, services, supervision
 from webapp.devices.auth import DeviceKeyAuthentication, IsDevice
 from webapp.devices.models import Device, ModelSpec
 
@@ -32,10 +34,13 @@ class TokenOutput(serializers.Serializer):
     id = serializers.IntegerField()
     label = serializers.CharField()
     prefix = serializers.CharField()
-    created_by = serializers.CharField(source="created_by.username", default=None)
+    created_by = serializers.CharField(source="created_by.username", default=None,
+                                       allow_null=True,
+                                       help_text="null when made without a user, or the user "
+                                                 "is deleted")
     created_at = serializers.DateTimeField()
     expires_at = serializers.DateTimeField()
-    revoked_at = serializers.DateTimeField()
+    revoked_at = serializers.DateTimeField(allow_null=True, help_text="null unless revoked")
     max_uses = serializers.IntegerField()
     uses = serializers.IntegerField()
 
@@ -45,20 +50,23 @@ class DeviceOutput(serializers.Serializer):
     uid = serializers.CharField()
     name = serializers.CharField()
     status = serializers.CharField()
-    last_heartbeat_at = serializers.DateTimeField()
+    last_heartbeat_at = serializers.DateTimeField(allow_null=True,
+                                                  help_text="null before its first heartbeat")
     hardware = serializers.JSONField()
     resources = serializers.JSONField(
         help_text="the compute resources its agent emulates: [{kind, speed, backward_speed}]")
     speed = serializers.FloatField()
     memory_bytes = serializers.IntegerField()
     bandwidth_bps = serializers.FloatField()
-    uplink_bps = serializers.FloatField()
-    downlink_bps = serializers.FloatField()
+    uplink_bps = serializers.FloatField(allow_null=True,
+                                        help_text="null: as bandwidth_bps (a symmetric link)")
+    downlink_bps = serializers.FloatField(allow_null=True,
+                                          help_text="null: as bandwidth_bps (a symmetric link)")
     latency_s = serializers.FloatField()
     overhead_s = serializers.FloatField()
     message_s = serializers.FloatField()
     enrolled_at = serializers.DateTimeField()
-    retired_at = serializers.DateTimeField()
+    retired_at = serializers.DateTimeField(allow_null=True, help_text="null unless retired")
 
 
 class ModelSpecOutput(serializers.Serializer):
@@ -110,11 +118,12 @@ class TokenListCreateApi(APIView):
     class CreatedOutput(TokenOutput):
         token = serializers.CharField(help_text="the secret: shown once, never again")
 
-    @extend_schema(responses=TokenOutput(many=True))
+    @extend_schema(responses={200: TokenOutput(many=True), **errors(401)})
     def get(self, request: Request) -> Response:
         return Response(TokenOutput(selectors.enrollment_token_list(), many=True).data)
 
-    @extend_schema(request=TokenCreateInput, responses={201: CreatedOutput},
+    @extend_schema(request=TokenCreateInput,
+                   responses={201: CreatedOutput, **errors(400, 401, 403, forbidden=STAFF_ONLY)},
                    description="Staff only (403); any logged-in user lists the tokens.")
     def post(self, request: Request) -> Response:
         data = validated(self.TokenCreateInput, request)
@@ -127,7 +136,8 @@ class TokenRevokeApi(APIView):
     permission_classes = STAFF
     staff_action = "revoke enrolment tokens"
 
-    @extend_schema(request=None, responses=TokenOutput, description="Staff only (403).")
+    @extend_schema(request=None, description="Staff only (403).", responses={
+        200: TokenOutput, **errors(401, 403, 404, forbidden=STAFF_ONLY)})
     def post(self, request: Request, token_id: int) -> Response:
         token = get_or_404(selectors.enrollment_token_list(), token_id, what="enrolment token")
         return Response(TokenOutput(services.enrollment_token_revoke(token=token)).data)
@@ -140,7 +150,8 @@ class DeviceListApi(APIView):
     class DeviceFilter(serializers.Serializer):
         status = serializers.ChoiceField(choices=Device.Status.choices, required=False)
 
-    @extend_schema(parameters=[DeviceFilter], responses=DeviceOutput(many=True))
+    @extend_schema(parameters=[DeviceFilter],
+                   responses={200: DeviceOutput(many=True), **errors(400, 401)})
     def get(self, request: Request) -> Response:
         filters = self.DeviceFilter(data=request.query_params)
         filters.is_valid(raise_exception=True)
@@ -152,12 +163,13 @@ class DeviceDetailApi(APIView):
     class DeviceRenameInput(serializers.Serializer):
         name = fields.CharField(max_length=100)
 
-    @extend_schema(responses=DeviceOutput)
+    @extend_schema(responses={200: DeviceOutput, **errors(401, 404)})
     def get(self, request: Request, device_id: int) -> Response:
         device = get_or_404(selectors.device_list(), device_id, what="device")
         return Response(DeviceOutput(device).data)
 
-    @extend_schema(request=DeviceRenameInput, responses=DeviceOutput)
+    @extend_schema(request=DeviceRenameInput,
+                   responses={200: DeviceOutput, **errors(400, 401, 403, 404)})
     def patch(self, request: Request, device_id: int) -> Response:
         device = get_or_404(selectors.device_list(), device_id, what="device")
         data = validated(self.DeviceRenameInput, request)
@@ -168,7 +180,8 @@ class DeviceRetireApi(APIView):
     permission_classes = STAFF
     staff_action = "retire devices"
 
-    @extend_schema(request=None, responses=DeviceOutput,
+    @extend_schema(request=None,
+                   responses={200: DeviceOutput, **errors(401, 403, 404, forbidden=STAFF_ONLY)},
                    description="Take the device out of service: its key stops working and its "
                                "agent's connection is closed. Staff only (403).")
     def post(self, request: Request, device_id: int) -> Response:
@@ -180,7 +193,13 @@ class DeviceProfileRequestApi(APIView):
     class ProfileRequestInput(serializers.Serializer):
         model_spec = serializers.PrimaryKeyRelatedField(queryset=ModelSpec.objects.all())
 
-    @extend_schema(request=ProfileRequestInput, responses={202: None})
+    @extend_schema(request=ProfileRequestInput, responses={
+        202: inline_serializer("ProfileRequested", {
+            "command": serializers.CharField(help_text="the id of the command sent"),
+            "device": serializers.CharField(help_text="the device's uid"),
+            "model_spec": serializers.IntegerField()}),
+        **errors(400, 401, 403, 404, 409,
+                 conflict="The device is retired, or no agent of it is connected.")})
     def post(self, request: Request, device_id: int) -> Response:
         device = get_or_404(selectors.device_list(), device_id, what="device")
         data = validated(self.ProfileRequestInput, request)
@@ -198,7 +217,9 @@ class DeviceStopAgentApi(APIView):
         device = serializers.CharField(help_text="the device's uid")
         sent = serializers.CharField(help_text='the command: "exit"')
 
-    @extend_schema(request=None, responses={202: StopAgentOutput},
+    @extend_schema(request=None, responses={202: StopAgentOutput, **errors(
+        401, 403, 404, 409, forbidden=STAFF_ONLY,
+        conflict="The device is retired, or no agent of it is connected.")},
                    description="Fault injection: the device's agent exits at once, as if "
                                "killed. 409 when no agent is connected. Staff only (403).")
     def post(self, request: Request, device_id: int) -> Response:
@@ -207,6 +228,32 @@ class DeviceStopAgentApi(APIView):
         return Response(self.StopAgentOutput({"command": command.id, "device": device.uid,
                                               "sent": command.NAME}).data,
                         status=status.HTTP_202_ACCEPTED)
+
+
+class DeviceRestartAgentApi(APIView):
+    permission_classes = STAFF
+    staff_action = "restart a device's agent"
+
+    class RestartAgentOutput(serializers.Serializer):
+        device = serializers.CharField(help_text="the device's uid")
+        supervisor = serializers.CharField(help_text="who starts the agent again")
+        requested_at = serializers.DateTimeField(source="restart_requested_at")
+
+    @extend_schema(request=None, responses={202: RestartAgentOutput, **errors(
+        401, 403, 404, 409, forbidden=STAFF_ONLY,
+        conflict="The device is retired, its agent is connected, or nothing on this server "
+                 "can start it (no supervisor: its agent runs on the device).")},
+                   description="Ask the supervisor that started the device's agent (the "
+                               "demo's local testbed) to start it again, after *Stop agent* "
+                               "say; the device rejoins a run at its next re-partition. "
+                               "Staff only (403).")
+    def post(self, request: Request, device_id: int) -> Response:
+        device = get_or_404(selectors.device_list(), device_id, what="device")
+        requested = supervision.device_agent_restart(device=device)
+        return Response(self.RestartAgentOutput({
+            "device": device.uid, "supervisor": requested.supervisor,
+            "restart_requested_at": requested.restart_requested_at}).data,
+            status=status.HTTP_202_ACCEPTED)
 
 
 class DeviceEmulateApi(APIView):
@@ -218,7 +265,10 @@ class DeviceEmulateApi(APIView):
                                           help_text="compute this many times slower than now "
                                                     "(1: the machine's own speed)")
 
-    @extend_schema(request=EmulateInput, responses={202: DeviceStopAgentApi.StopAgentOutput},
+    @extend_schema(request=EmulateInput, responses={
+        202: DeviceStopAgentApi.StopAgentOutput,
+        **errors(400, 401, 403, 404, 409, forbidden=STAFF_ONLY,
+                 conflict="No agent of the device is connected.")},
                    description="Emulation: the device's agent computes `slowdown` times slower "
                                "from now on (as `--slowdown` does at start). 409 when no agent "
                                "is connected. Staff only (403).")
@@ -244,12 +294,16 @@ class DeviceLinksApi(APIView):
         devices = serializers.PrimaryKeyRelatedField(queryset=Device.objects.all(), many=True,
                                                      allow_empty=False)
 
-    @extend_schema(responses=LinkOutput(many=True))
+    @extend_schema(responses={200: LinkOutput(many=True), **errors(401)})
     def get(self, request: Request) -> Response:
         """Every measured link (as its source measured it)."""
         return Response(LinkOutput(selectors.device_link_list(), many=True).data)
 
-    @extend_schema(request=MeasureInput, responses={202: None})
+    @extend_schema(request=MeasureInput, responses={
+        202: inline_serializer("LinksMeasuring", {"devices": serializers.ListField(
+            child=serializers.CharField(), help_text="the uids of the devices asked")}),
+        **errors(400, 401, 403, 409,
+                 conflict="Fewer than two of the devices have an agent connected.")})
     def post(self, request: Request) -> Response:
         """Ask the devices' agents to measure the links among them."""
         data = validated(self.MeasureInput, request)
@@ -266,12 +320,13 @@ class ModelSpecListCreateApi(APIView):
         dataset = fields.CharField(max_length=64)
         batch_size = fields.IntegerField(min_value=1, max_value=65536)
 
-    @extend_schema(responses=ModelSpecOutput(many=True))
+    @extend_schema(responses={200: ModelSpecOutput(many=True), **errors(401)})
     def get(self, request: Request) -> Response:
         return Response(ModelSpecOutput(selectors.model_spec_list(), many=True).data)
 
     @extend_schema(request=ModelSpecInput, responses={200: ModelSpecOutput,
-                                                       201: ModelSpecOutput})
+                                                       201: ModelSpecOutput,
+                                                       **errors(400, 401, 403)})
     def post(self, request: Request) -> Response:
         spec, created = services.model_spec_get_or_create(
             **validated(self.ModelSpecInput, request))
@@ -287,7 +342,8 @@ class ProfileListApi(APIView):
                                               min_value=1, max_value=MAX_ID,
                                               help_text="a model spec's id")
 
-    @extend_schema(parameters=[ProfileFilter], responses=ProfileOutput(many=True))
+    @extend_schema(parameters=[ProfileFilter],
+                   responses={200: ProfileOutput(many=True), **errors(400, 401)})
     def get(self, request: Request) -> Response:
         filters = self.ProfileFilter(data=request.query_params)
         filters.is_valid(raise_exception=True)
@@ -296,7 +352,7 @@ class ProfileListApi(APIView):
 
 
 class ProfileDetailApi(APIView):
-    @extend_schema(responses=ProfileDetailOutput)
+    @extend_schema(responses={200: ProfileDetailOutput, **errors(401, 404)})
     def get(self, request: Request, profile_id: int) -> Response:
         profile = get_or_404(selectors.layer_profile_list(), profile_id, what="profile")
         return Response(ProfileDetailOutput(profile).data)
@@ -343,7 +399,9 @@ class EnrolApi(APIView):
         key = serializers.CharField(help_text="the device key: shown once, never again")
         authorization = serializers.CharField(help_text="the header value to send")
 
-    @extend_schema(request=EnrolInput, responses={201: EnrolOutput}, auth=[])
+    @extend_schema(request=EnrolInput, auth=[], responses={201: EnrolOutput, **errors(
+        400, invalid="Invalid input, or the token is unknown, expired, revoked or used up "
+                     "(the `token` field says which).")})
     def post(self, request: Request) -> Response:
         device, key = services.device_enrol(**validated(self.EnrolInput, request))
         return Response(self.EnrolOutput({"id": device.pk, "uid": device.uid, "name": device.name,
@@ -352,7 +410,7 @@ class EnrolApi(APIView):
 
 
 class AgentMeApi(AgentApi):
-    @extend_schema(responses=DeviceOutput)
+    @extend_schema(responses={200: DeviceOutput, **errors(401)})
     def get(self, request: Request) -> Response:
         return Response(DeviceOutput(request.auth).data)
 
@@ -362,7 +420,7 @@ class AgentHeartbeatApi(AgentApi):
         status = serializers.ChoiceField(choices=[Device.Status.ONLINE, Device.Status.BUSY],
                                          required=False, default=Device.Status.ONLINE)
 
-    @extend_schema(request=HeartbeatInput, responses=DeviceOutput)
+    @extend_schema(request=HeartbeatInput, responses={200: DeviceOutput, **errors(400, 401)})
     def post(self, request: Request) -> Response:
         device = services.device_heartbeat(device=request.auth,
                                            **validated(self.HeartbeatInput, request))
@@ -375,7 +433,8 @@ class AgentProfileUploadApi(AgentApi):
         profile = fields.ObjectField(help_text="a model profile (docs/architecture.md) measured "
                                                "on this device")
 
-    @extend_schema(request=ProfileUploadInput, responses={201: ProfileOutput})
+    @extend_schema(request=ProfileUploadInput,
+                   responses={201: ProfileOutput, **errors(400, 401)})
     def post(self, request: Request) -> Response:
         data = validated(self.ProfileUploadInput, request)
         profile = services.layer_profile_upload(device=request.auth,

@@ -184,3 +184,18 @@ class DeviceLink(models.Model):
 
     def __str__(self) -> str:
         return f"{self.source.uid} -> {self.target.uid}: {self.bandwidth_bps / 1e6:.1f} MB/s"
+
+
+class Supervision(models.Model):
+    """A process on the server's machine that started a device's agent and can start it again
+    (the demo's local testbed): what lets a user restart an agent from the browser. The
+    supervisor marks it seen every few seconds; a restart asked for is taken by it."""
+
+    device = models.OneToOneField(Device, on_delete=models.CASCADE, related_name="supervision")
+    supervisor = models.CharField(max_length=200, help_text="who restarts it: the demo's pid "
+                                                            "and host")
+    seen_at = models.DateTimeField(help_text="the supervisor's last sign of life")
+    restart_requested_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.device} supervised by {self.supervisor}"

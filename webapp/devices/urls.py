@@ -14,6 +14,8 @@ urlpatterns = [
          name="device-profile"),
     path("devices/<int:device_id>/stop-agent/", apis.DeviceStopAgentApi.as_view(),
          name="device-stop-agent"),
+    path("devices/<int:device_id>/restart-agent/", apis.DeviceRestartAgentApi.as_view(),
+         name="device-restart-agent"),
     path("devices/<int:device_id>/emulate/", apis.DeviceEmulateApi.as_view(),
          name="device-emulate"),
     path("links/", apis.DeviceLinksApi.as_view(), name="device-links"),

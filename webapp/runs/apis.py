@@ -25,6 +25,7 @@ from orchestrator.formats import SCHEDULES
 from webapp.common import fields
 from webapp.common.api import get_or_404, validated
 from webapp.common.exceptions import InvalidInput
+from webapp.common.schema import errors, json_errors
 from webapp.devices.apis import AgentApi
 from webapp.devices.selectors import device_list, model_spec_list
 from webapp.runs import replicas, selectors, services
@@ -105,13 +106,14 @@ class RunListCreateApi(APIView):
                       "(FTPipeHD's weight aggregation); 0 = off, and must be 0 under gpipe and "
                       "1f1b-sync")
 
-    @extend_schema(parameters=[RunFilter], responses=RunOutput(many=True))
+    @extend_schema(parameters=[RunFilter],
+                   responses={200: RunOutput(many=True), **errors(400, 401)})
     def get(self, request: Request) -> Response:
         filters = self.RunFilter(data=request.query_params)
         filters.is_valid(raise_exception=True)
         return Response(RunOutput(selectors.run_list(**filters.validated_data), many=True).data)
 
-    @extend_schema(request=RunCreateInput, responses={201: RunOutput})
+    @extend_schema(request=RunCreateInput, responses={201: RunOutput, **errors(400, 401, 403)})
     def post(self, request: Request) -> Response:
         run = services.run_create(**validated(self.RunCreateInput, request),
                                   created_by=request.user)
@@ -119,7 +121,7 @@ class RunListCreateApi(APIView):
 
 
 class RunDetailApi(APIView):
-    @extend_schema(responses=RunOutput)
+    @extend_schema(responses={200: RunOutput, **errors(401, 404)})
     def get(self, request: Request, run_id: int) -> Response:
         return Response(RunOutput(_run(run_id)).data)
 
@@ -129,7 +131,9 @@ class RunPlanApi(APIView):
         algorithms = serializers.ListField(child=fields.CharField(max_length=32),
                                            allow_empty=False, max_length=16, required=False)
 
-    @extend_schema(request=RunPlanInput, responses={202: RunOutput})
+    @extend_schema(request=RunPlanInput, responses={202: RunOutput, **errors(
+        400, 401, 403, 404, 409, conflict="The run's state does not allow planning (a run "
+                                          "starting, running or finished, say).")})
     def post(self, request: Request, run_id: int) -> Response:
         run = services.run_plan(run=_run(run_id), **validated(self.RunPlanInput, request))
         return Response(RunOutput(_run(run.pk)).data, status=status.HTTP_202_ACCEPTED)
@@ -140,7 +144,10 @@ class RunStartApi(APIView):
         plan = fields.IntegerField(min_value=1, required=False,
                                    help_text="the plan to start with (default: the best)")
 
-    @extend_schema(request=RunStartInput, responses=RunOutput)
+    @extend_schema(request=RunStartInput, responses={200: RunOutput, **errors(
+        400, 401, 403, 404, 409, invalid="Invalid input, or no plan to start: `plan` is not "
+                                         "a finished plan of the run that fits in memory.",
+        conflict="The run's state does not allow starting it (not planned or paused).")})
     def post(self, request: Request, run_id: int) -> Response:
         run = _run(run_id)
         data = validated(self.RunStartInput, request)
@@ -153,30 +160,33 @@ class RunStartApi(APIView):
 
 
 class RunPauseApi(APIView):
-    @extend_schema(request=None, responses=RunOutput)
+    @extend_schema(request=None, responses={200: RunOutput, **errors(
+        401, 403, 404, 409, conflict="The run is not running (nor recovering).")})
     def post(self, request: Request, run_id: int) -> Response:
         return Response(RunOutput(services.run_pause(run=_run(run_id))).data)
 
 
 class RunStopApi(APIView):
-    @extend_schema(request=None, responses=RunOutput)
+    @extend_schema(request=None, responses={200: RunOutput, **errors(
+        401, 403, 404, 409, conflict="The run has ended already (finished, failed or "
+                                     "cancelled).")})
     def post(self, request: Request, run_id: int) -> Response:
         return Response(RunOutput(services.run_stop(run=_run(run_id))).data)
 
 
 class PlanListApi(APIView):
-    @extend_schema(responses=PlanDetailOutput(many=True))
+    @extend_schema(responses={200: PlanDetailOutput(many=True), **errors(401, 404)})
     def get(self, request: Request, run_id: int) -> Response:
         plans = selectors.plan_list(run=_run(run_id))
         return Response(PlanDetailOutput(plans, many=True).data)
 
 
 class PlanCompareApi(APIView):
-    @extend_schema(responses=inline_serializer("PlanComparison", {
+    @extend_schema(responses={200: inline_serializer("PlanComparison", {
         "best": serializers.IntegerField(allow_null=True),
         "reason": serializers.CharField(),
         "rows": serializers.ListField(child=serializers.DictField()),
-    }))
+    }), **errors(401, 404)})
     def get(self, request: Request, run_id: int) -> Response:
         return Response(selectors.plan_compare(run=_run(run_id)))
 
@@ -193,8 +203,12 @@ def _member_run(request: Request, run_id: int) -> Run:
     return run
 
 
+# what an agent's request about a run may be refused for
+NOT_A_MEMBER = "The device is not one of the run's devices."
+
+
 class AgentRunListApi(AgentApi):
-    @extend_schema(responses=RunOutput(many=True))
+    @extend_schema(responses={200: RunOutput(many=True), **errors(401)})
     def get(self, request: Request) -> Response:
         return Response(RunOutput(selectors.run_list(device=request.auth), many=True).data)
 
@@ -203,7 +217,8 @@ class AgentRunDetailApi(AgentApi):
     class AgentRunOutput(RunOutput):
         plan = PlanDetailOutput(source="chosen_plan", allow_null=True)
 
-    @extend_schema(responses=AgentRunOutput)
+    @extend_schema(responses={200: AgentRunOutput, **errors(401, 403, 404,
+                                                            forbidden=NOT_A_MEMBER)})
     def get(self, request: Request, run_id: int) -> Response:
         return Response(self.AgentRunOutput(_member_run(request, run_id)).data)
 
@@ -236,7 +251,10 @@ class AgentRunEventsApi(AgentApi):
                          "refused": serializers.ListField(
                              child=serializers.DictField(), help_text=(
                                  "metric points not kept: {field, reason} for each of the "
-                                 "first 16"))})})
+                                 "first 16"))}),
+                   **errors(400, 401, 403, 404, 409, forbidden=NOT_A_MEMBER,
+                            conflict="The run is not active: it takes events only while it is "
+                                     "starting, running, recovering or paused.")})
     def post(self, request: Request, run_id: int) -> Response:
         run = _member_run(request, run_id)
         data = validated(self.EventsInput, request)
@@ -263,7 +281,9 @@ class OctetStreamRenderer(BaseRenderer):
 
 
 REPLICA_MISSING = inline_serializer("ReplicaMissing", {
-    "detail": serializers.CharField(), "layer": serializers.IntegerField()})
+    "detail": serializers.CharField(),
+    "layer": serializers.IntegerField(required=False,
+                                      help_text="the layer no replica holds, when that is why")})
 # the renderers' ?format= override is of no use to agents
 NO_FORMAT = OpenApiParameter("format", exclude=True)
 
@@ -301,7 +321,12 @@ class AgentRunReplicasApi(AgentApi):
         request={"application/octet-stream": OpenApiTypes.BINARY},
         responses={(201, "application/json"): inline_serializer("ReplicaStored", {
             "id": serializers.IntegerField(), "bytes": serializers.IntegerField(),
-            "sha256": serializers.CharField()})},
+            "sha256": serializers.CharField()}),
+            **errors(400, 401, 403, 404, 409,
+                     forbidden=f"{NOT_A_MEMBER[:-1]}, or the layers are not all of its stage "
+                               "in the run's current plan (the detail names the field).",
+                          conflict="The run is not active, or has no plan and its model's "
+                                   "layers are unknown.")},
         description="Upload the weights of layers first..last at applied (safetensors, tensor "
                     "names '<layer index>.<name>', at most REPLICA_MAX_BYTES); the server "
                     "keeps the two newest applied of each layer range. Only layers of the "
@@ -320,8 +345,10 @@ class AgentRunReplicasApi(AgentApi):
         parameters=[ReplicaQuery, NO_FORMAT],
         responses={(200, "application/octet-stream"): OpenApiTypes.BINARY,
                    (404, "application/json"): OpenApiResponse(
-                       REPLICA_MISSING, description="no replica holds a layer: the detail "
-                                                    "names it, `layer` is its index")},
+                       REPLICA_MISSING, description="The run does not exist, or no replica "
+                                                    "holds a layer: the detail names it, "
+                                                    "`layer` is its index."),
+                   **json_errors(400, 401, 403, forbidden=NOT_A_MEMBER)},
         description="The server's replicas of layers first..last at exactly applied, merged "
                     "into one safetensors file (metadata run, first, last, applied); a range "
                     "past the model's last layer is a 400 on `last`.")

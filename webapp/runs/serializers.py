@@ -43,12 +43,13 @@ class RunOutput(serializers.Serializer):
         help_text="the current deployment: 0 at start, +1 at each recovery or re-partition")
     state = serializers.CharField()
     error = serializers.CharField()
-    chosen_plan = serializers.IntegerField(source="chosen_plan_id")
+    chosen_plan = serializers.IntegerField(source="chosen_plan_id", allow_null=True,
+                                           help_text="null until the run is started")
     plans = serializers.SerializerMethodField()
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
-    started_at = serializers.DateTimeField()
-    finished_at = serializers.DateTimeField()
+    started_at = serializers.DateTimeField(allow_null=True, help_text="null until it starts")
+    finished_at = serializers.DateTimeField(allow_null=True, help_text="null until it ends")
 
     def get_plans(self, run: object) -> list[int]:
         return sorted(p.pk for p in run.plans.all())  # type: ignore[attr-defined]
@@ -82,13 +83,15 @@ class PlanOutput(serializers.Serializer):
     run = serializers.IntegerField(source="run_id")
     algorithm = serializers.CharField()
     status = serializers.CharField()
-    stages = serializers.IntegerField()
-    period_s = serializers.FloatField()
-    throughput_sps = serializers.FloatField()
-    simulated_throughput_sps = serializers.FloatField()
+    # the figures are null until the plan is computed (and after a planning error)
+    stages = serializers.IntegerField(allow_null=True)
+    period_s = serializers.FloatField(allow_null=True, help_text="predicted time per batch")
+    throughput_sps = serializers.FloatField(allow_null=True)
+    simulated_throughput_sps = serializers.FloatField(
+        allow_null=True, help_text="null too when the plan could not be simulated")
     bottleneck = serializers.CharField()
     memory_ok = serializers.BooleanField(allow_null=True)
-    planner_s = serializers.FloatField()
+    planner_s = serializers.FloatField(allow_null=True)
     error = serializers.CharField()
     training = TrainingOutput()
     attempts = serializers.IntegerField()
@@ -98,10 +101,12 @@ class PlanOutput(serializers.Serializer):
     interruptions = InterruptionOutput(
         many=True, help_text="earlier attempts whose worker stopped mid-plan, oldest first")
     queued_at = serializers.DateTimeField()
-    started_at = serializers.DateTimeField()
-    finished_at = serializers.DateTimeField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
 
 
 class PlanDetailOutput(PlanOutput):
-    document = serializers.JSONField()
-    simulation = serializers.JSONField()
+    document = serializers.JSONField(allow_null=True, help_text="the plan (docs/architecture.md); "
+                                                                "null until computed")
+    simulation = serializers.JSONField(allow_null=True,
+                                       help_text="the simulated timeline's summary, or null")

@@ -253,6 +253,8 @@ DEPLOY_TIMEOUT_S = env.int("DEPLOY_TIMEOUT_S", default=90)
 # stopped: beat queues its plan again, and the run page says so.
 PLAN_HEARTBEAT_S = env.float("PLAN_HEARTBEAT_S", default=5.0)
 PLAN_WORKER_SILENT_S = env.float("PLAN_WORKER_SILENT_S", default=30.0)
+# A supervisor of local agents (the demo) silent this long can no longer restart them.
+SUPERVISOR_SILENT_S = env.float("SUPERVISOR_SILENT_S", default=10.0)
 CELERY_BEAT_SCHEDULE = {
     "plans-watch": {
         "task": "webapp.runs.tasks.plans_watch",

@@ -12,6 +12,7 @@ from rest_framework.views import APIView
 
 from webapp.common.api import get_or_404, validated
 from webapp.common.exceptions import Conflict
+from webapp.common.schema import errors
 from webapp.split import selectors, services
 from webapp.split.models import SplitSchedule, SplitStudy
 from webapp.split.serializers import (
@@ -29,17 +30,18 @@ def _study(study_id: int) -> SplitStudy:
 
 
 class SharedInstanceListApi(APIView):
-    @extend_schema(responses=SharedInstanceOutput(many=True))
+    @extend_schema(responses={200: SharedInstanceOutput(many=True), **errors(401)})
     def get(self, request: Request) -> Response:
         return Response(SharedInstanceOutput(selectors.shared_instance_choices(), many=True).data)
 
 
 class SplitStudyListCreateApi(APIView):
-    @extend_schema(responses=SplitStudyOutput(many=True))
+    @extend_schema(responses={200: SplitStudyOutput(many=True), **errors(401)})
     def get(self, request: Request) -> Response:
         return Response(SplitStudyOutput(selectors.split_study_list(), many=True).data)
 
-    @extend_schema(request=SplitStudyCreateInput, responses={201: SplitStudyDetailOutput})
+    @extend_schema(request=SplitStudyCreateInput,
+                   responses={201: SplitStudyDetailOutput, **errors(400, 401, 403)})
     def post(self, request: Request) -> Response:
         study = services.split_study_create(**validated(SplitStudyCreateInput, request),
                                             created_by=request.user)
@@ -48,19 +50,20 @@ class SplitStudyListCreateApi(APIView):
 
 
 class SplitStudyDetailApi(APIView):
-    @extend_schema(responses=SplitStudyDetailOutput)
+    @extend_schema(responses={200: SplitStudyDetailOutput, **errors(401, 404)})
     def get(self, request: Request, study_id: int) -> Response:
         return Response(SplitStudyDetailOutput(_study(study_id)).data)
 
 
 class SplitStudyCompareApi(APIView):
-    @extend_schema(responses=SplitCompareOutput)
+    @extend_schema(responses={200: SplitCompareOutput, **errors(401, 404)})
     def get(self, request: Request, study_id: int) -> Response:
         return Response(SplitCompareOutput(selectors.split_compare(study=_study(study_id))).data)
 
 
 class SplitScheduleGanttApi(APIView):
-    @extend_schema(responses=SplitGanttOutput)
+    @extend_schema(responses={200: SplitGanttOutput, **errors(
+        401, 404, 409, conflict="The schedule is not computed (pending, running or failed).")})
     def get(self, request: Request, study_id: int, schedule_id: int) -> Response:
         study = _study(study_id)
         schedule = get_or_404(SplitSchedule.objects.filter(study=study), schedule_id,

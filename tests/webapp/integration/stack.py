@@ -266,7 +266,8 @@ def plan_through_a_worker_kill(browser: Browser, processes: Processes,
     """Plan a run on a large generated testbed (12 devices, 600 layers: ``optimal`` takes
     seconds there), SIGKILL ``worker`` with its pool while it computes the plan of
     ``algorithms[0]``, start ``replacement``; the run once planning ended (its plan names the
-    killed worker among its interruptions) and the seconds from the kill. ``plans(run_id)`` reads the run's plans from the database by algorithm."""
+    killed worker among its interruptions) and the seconds from the kill. ``plans(run_id)``
+    reads the run's plans from the database by algorithm."""
     spec, devices = generated_testbed(seed=1, layers=600, devices=12)
     spec_id, enrolled = enrol(browser, spec, devices)
     run = browser.post("/api/runs/", {"name": "big", "model_spec": spec_id,

@@ -58,7 +58,7 @@ def test_a_plan_whose_worker_is_alive_is_left_alone(silent_s, monkeypatch):
 
 
 def test_a_plan_of_a_run_no_longer_planning_is_left_alone(monkeypatch):
-    plan = silent_plan(silent_s=100, state=Run.State.CANCELLED)
+    silent_plan(silent_s=100, state=Run.State.CANCELLED)
     monkeypatch.setattr("webapp.runs.tasks.plan_compute.delay", pytest.fail)
     assert services.plans_watch(silent_s=30) == []
 
