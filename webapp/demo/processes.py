@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,11 +36,16 @@ class ProcessGroup:
         self.children[name] = child
         return child
 
-    def exited(self) -> Child | None:
-        """A child that stopped on its own (not one killed on purpose), if any."""
+    def exited(self, *, among: Callable[[str], bool] = lambda name: True) -> Child | None:
+        """A child that stopped on its own (not one killed on purpose), if any; only those
+        whose name ``among`` accepts."""
         return next((c for c in self.children.values()
-                     if not c.killed and c.process is not None
+                     if among(c.name) and not c.killed and c.process is not None
                      and c.process.poll() is not None), None)
+
+    def running(self, name: str) -> bool:
+        child = self.children.get(name)
+        return child is not None and child.process is not None and child.process.poll() is None
 
     def kill(self, name: str) -> None:
         """Kill a child at once (SIGKILL, its whole process group), as a device that loses

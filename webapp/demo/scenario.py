@@ -14,6 +14,8 @@ agent names reuses the same devices.
 from __future__ import annotations
 
 import json
+import math
+import os
 import secrets
 import socket
 import sys
@@ -31,14 +33,15 @@ from django.core.management import call_command
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from orchestrator.formats import synchronous
 from webapp.demo.client import ApiClient, DemoError, wait_for
 from webapp.demo.processes import ProcessGroup
 from webapp.devices import services as device_services
-from webapp.runs.models import AGGREGATE_EVERY_MAX, LR_MAX, MOMENTUM_MAX, Run
+from webapp.devices import supervision
+from webapp.runs.models import Run
 from webapp.runs.selectors import run_summary
 
 FINAL_STATES = (Run.State.FINISHED, Run.State.FAILED, Run.State.CANCELLED)
+SUPERVISE_EVERY_S = 1.0  # how often the testbed looks after its agents (below SUPERVISOR_SILENT_S)
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,9 @@ class LocalTestbed:
         self.password = ""
         self.devices: list[dict[str, Any]] = []
         self.timers: list[threading.Timer] = []
+        self.supervisor = f"manage.py demo (pid {os.getpid()}) on {socket.gethostname()}"
+        self._supervised_at = -math.inf
+        self._stopped: set[str] = set()  # agents whose stop was said
 
     def __enter__(self) -> LocalTestbed:
         call_command("migrate", interactive=False, verbosity=0)
@@ -157,21 +163,27 @@ class LocalTestbed:
             admin = get_user_model().objects.get(username=self.username)
             _, token = device_services.enrollment_token_create(
                 created_by=admin, label="local testbed agents", max_uses=len(missing))
-        for k, agent in enumerate(self.agents):
-            server = f"http://{self.host}:{self.web_ports[k % len(self.web_ports)]}"
-            command = [sys.executable, "-m", "agent", "run", "--config",
-                       str(self.agent_config(agent)), "--server", server,
-                       "--name", agent.name, "--threads", "1",
-                       "--slowdown", str(agent.slowdown), "--latency-ms", str(agent.latency_ms)]
-            if token is not None and agent in missing:
-                command += ["--token", token]
-            if agent.bandwidth_mbps is not None:
-                command += ["--bandwidth-mbps", str(agent.bandwidth_mbps)]
-            if agent.resources:
-                command += ["--resources", agent.resources]
-            self.processes.start(self.agent_process(agent), command)
+        for agent in self.agents:
+            self._start_agent(agent, token=token if agent in missing else None)
         return [wait_for(lambda a=a: self._enrolled_uid(a), timeout_s=60,
                          what=f"agent {a.name} to enrol") for a in self.agents]
+
+    def _start_agent(self, agent: DemoAgent, *, token: str | None) -> None:
+        """Start the agent's process (again: it keeps its enrolment in its config file); the
+        agents connect to the web processes in turn."""
+        k = self.agents.index(agent)
+        server = f"http://{self.host}:{self.web_ports[k % len(self.web_ports)]}"
+        command = [sys.executable, "-m", "agent", "run", "--config",
+                   str(self.agent_config(agent)), "--server", server,
+                   "--name", agent.name, "--threads", "1",
+                   "--slowdown", str(agent.slowdown), "--latency-ms", str(agent.latency_ms)]
+        if token is not None:
+            command += ["--token", token]
+        if agent.bandwidth_mbps is not None:
+            command += ["--bandwidth-mbps", str(agent.bandwidth_mbps)]
+        if agent.resources:
+            command += ["--resources", agent.resources]
+        self.processes.start(self.agent_process(agent), command)
 
     def _enrolled_uid(self, agent: DemoAgent) -> str | None:
         self.check_children()
@@ -181,10 +193,39 @@ class LocalTestbed:
             return None
 
     def check_children(self) -> None:
-        exited = self.processes.exited()
+        """The servers must keep running; an agent may stop (*Stop agent* on the run page, a
+        crash): the testbed says so once, and starts it again when asked from the browser
+        (*Restart agent*), its device rejoining the run at the next re-partition."""
+        exited = self.processes.exited(among=lambda name: not name.startswith("agent-"))
         if exited is not None:
             raise DemoError(f"{exited.name} stopped unexpectedly; its log ends with:\n"
                             f"{self.processes.tail(exited.name)}")
+        if self.devices:
+            self._supervise()
+
+    def _supervise(self) -> None:
+        """Say which agents stopped, mark the devices supervised, take restarts asked for;
+        at most every SUPERVISE_EVERY_S."""
+        now = time.monotonic()
+        if now - self._supervised_at < SUPERVISE_EVERY_S:
+            return
+        self._supervised_at = now
+        for agent in self.agents:
+            name = self.agent_process(agent)
+            if self.processes.running(name):
+                self._stopped.discard(agent.name)
+            elif agent.name not in self._stopped:
+                self._stopped.add(agent.name)
+                self.say(f"agent {agent.name} stopped; Restart agent on its row of the run "
+                         "page starts it again")
+        uids = {d["uid"]: d["name"] for d in self.devices}
+        supervision.devices_supervise(uids=list(uids), supervisor=self.supervisor)
+        for uid in supervision.restarts_take(uids=list(uids)):
+            agent = self.agent_named(uids[uid])
+            if self.processes.running(self.agent_process(agent)):
+                continue
+            self.say(f"restarting agent {agent.name}, as asked from the browser")
+            self._start_agent(agent, token=None)
 
     def _devices_online(self, uids: Sequence[str]) -> list[dict[str, Any]]:
         """The agents' devices once each has sent a heartbeat to this server (a status left
@@ -244,19 +285,22 @@ class LocalTestbed:
     def plan(self, spec: int, *, devices: Sequence[dict[str, Any]], name: str,
              algorithms: Sequence[str], schedule: str, microbatches: int,
              batches: int, repartition_every: int | None = None,
+             repartition_after: int | None = None,
              chain_every: int | None = None, global_every: int | None = None,
              lr: float | None = None, momentum: float | None = None,
              vertical_sync: bool | None = None,
              aggregate_every: int | None = None) -> dict[str, Any]:
         """Create a run and plan it with every algorithm; returns the plans' comparison.
         ``repartition_every``, ``chain_every`` and ``global_every`` (batches; 0: off),
-        ``lr`` and ``momentum`` (SGD's), ``vertical_sync`` and ``aggregate_every`` (1F1B's)
-        override the run's defaults."""
+        ``repartition_after`` (batches before the first re-partition check), ``lr`` and
+        ``momentum`` (SGD's), ``vertical_sync`` and ``aggregate_every`` (1F1B's) override the
+        run's defaults."""
         payload: dict[str, Any] = {
             "name": name, "model_spec": spec, "devices": [d["id"] for d in devices],
             "algorithms": list(algorithms), "schedule": schedule,
             "microbatches": microbatches, "batches": batches, "epochs": 1}
         for setting, value in (("repartition_every", repartition_every),
+                               ("repartition_after", repartition_after),
                                ("chain_every", chain_every), ("global_every", global_every),
                                ("lr", lr), ("momentum", momentum),
                                ("vertical_sync", vertical_sync),
@@ -386,109 +430,3 @@ def chosen_plan(compared: dict[str, Any], plan: str) -> dict[str, Any]:
         why = row["error"] or "it does not fit in memory"
         raise DemoError(f"the {row['algorithm']} plan cannot run: {why}")
     return dict(row)
-
-
-@dataclass(frozen=True)
-class DemoOptions:
-    host: str = "127.0.0.1"
-    port: int = 8000
-    model: str = "vgg5"
-    dataset: str = "synthetic-cifar"
-    batch_size: int = 32
-    microbatches: int = 8
-    batches: int = 100
-    schedule: str = "1f1b"
-    algorithms: tuple[str, ...] = DEFAULT_ALGORITHMS
-    plan: str = "ftpipehd"
-    agents: tuple[DemoAgent, ...] = DEFAULT_AGENTS
-    headless: bool = False
-    run_timeout_s: float = 900.0
-    repartition_every: int | None = None  # batches between dynamic re-partitions (0: off)
-    chain_every: int | None = None  # batches between chain replicas (None: the run's default)
-    global_every: int | None = None  # batches between global replicas (None: the default)
-    kill_agent_at: float | None = None  # seconds into the run: SIGKILL agents (a fault)
-    kill_agents: tuple[str, ...] = ()  # which (default: the device of the plan's middle stage)
-    pause_at: float | None = None  # seconds into the run: pause it (through the API)
-    pause_for: float = 2.0  # seconds it stays paused, then it is resumed
-    slow_agent_at: float | None = None  # seconds into the run: slow an agent down (heat)
-    slow_agent: str = ""  # which (default: the device of the plan's middle stage)
-    slow_to: float = 20.0  # how many times slower than this machine
-    lr: float | None = None  # SGD learning rate of the run (None: the run's default, 0.1)
-    momentum: float | None = None  # SGD momentum of the run (None: the run's default, 0)
-    vertical_sync: bool | None = None  # 1F1B's vertical sync (None: the run's default, on)
-    aggregate_every: int | None = None  # 1F1B's weight aggregation (None: the default, 0: off)
-
-
-def run_demo(options: DemoOptions, *, say: Callable[[str], None] = print
-             ) -> dict[str, Any] | None:
-    """The demo: the testbed, a model profiled on it, every planner's plan compared, one plan
-    trained. Headless, it returns the run's summary; otherwise it runs until interrupted."""
-    o = options
-    for name in o.kill_agents:
-        if name not in {a.name for a in o.agents}:
-            raise DemoError(f"--kill-agent: no agent named {name!r}; the agents: "
-                            f"{', '.join(a.name for a in o.agents)}")
-    if o.kill_agents and o.kill_agent_at is None:
-        raise DemoError("--kill-agent: say when with --kill-agent-at SECONDS")
-    if o.slow_agent and o.slow_agent not in {a.name for a in o.agents}:
-        raise DemoError(f"--slow-agent: no agent named {o.slow_agent!r}; the agents: "
-                        f"{', '.join(a.name for a in o.agents)}")
-    if o.slow_agent and o.slow_agent_at is None:
-        raise DemoError("--slow-agent: say when with --slow-agent-at SECONDS")
-    if not 1 <= o.slow_to <= 1000:
-        raise DemoError(f"--slow-to must be from 1 to 1000, got {o.slow_to:g}")
-    if o.lr is not None and not 0 < o.lr <= LR_MAX:
-        raise DemoError(f"--lr must be above 0 and at most {LR_MAX:g}, got {o.lr:g}")
-    if o.momentum is not None and not 0 <= o.momentum <= MOMENTUM_MAX:
-        raise DemoError(f"--momentum must be from 0 to {MOMENTUM_MAX}, got {o.momentum:g}")
-    if o.aggregate_every is not None and not 0 <= o.aggregate_every <= AGGREGATE_EVERY_MAX:
-        raise DemoError(f"--aggregate-every must be from 0 to {AGGREGATE_EVERY_MAX}, got "
-                        f"{o.aggregate_every}")
-    if o.aggregate_every and synchronous(o.schedule):
-        raise DemoError(f"--aggregate-every is for --schedule 1f1b (asynchronous), not "
-                        f"{o.schedule}")
-    with LocalTestbed(agents=o.agents, host=o.host, port=o.port, say=say) as testbed:
-        say(f"EdgePipe demo on {testbed.url}/ (log in as {testbed.username} / "
-            f"{testbed.password})")
-        links = testbed.measure_links()
-        say(f"{len(testbed.devices)} devices online, {len(links)} links measured; profiling "
-            f"{o.model} on {o.dataset}")
-        spec = testbed.model_spec(model=o.model, dataset=o.dataset, batch_size=o.batch_size)
-        # the plan asked for is planned too (--plan duanwu with the default planners)
-        algorithms = (o.algorithms if o.plan == "best" or o.plan in o.algorithms
-                      else (*o.algorithms, o.plan))
-        say(f"planning with {', '.join(algorithms)}")
-        compared = testbed.plan(
-            spec, devices=testbed.devices, algorithms=algorithms, schedule=o.schedule,
-            name=f"demo: {o.model} on {o.dataset} over {len(testbed.devices)} devices",
-            microbatches=o.microbatches, batches=o.batches,
-            repartition_every=o.repartition_every, lr=o.lr, momentum=o.momentum,
-            vertical_sync=o.vertical_sync, aggregate_every=o.aggregate_every,
-            chain_every=o.chain_every, global_every=o.global_every)
-        say(f"  {compared['reason']}")
-        row = chosen_plan(compared, o.plan)
-        say(f"starting the {row['algorithm']} plan ({row['stages']} stages, predicted "
-            f"{row['throughput_sps']:.4g} samples/s)")
-        testbed.start(compared["run"], row["plan"])
-        say(f"training: open {testbed.url}/runs/{compared['run']}/ to watch it live")
-        if o.kill_agent_at is not None:
-            victims = ([testbed.agent_named(name) for name in o.kill_agents] if o.kill_agents
-                       else [testbed.agent_of_stage(compared["run"], row["plan"])])
-            say(f"fault injection: {', '.join(v.name for v in victims)} will be killed "
-                f"{o.kill_agent_at:g} s into the run")
-            testbed.kill_agent_at(compared["run"], victims, o.kill_agent_at)
-        if o.pause_at is not None:
-            say(f"the run will be paused {o.pause_at:g} s into it, for {o.pause_for:g} s")
-            testbed.pause_at(compared["run"], o.pause_at, o.pause_for)
-        if o.slow_agent_at is not None:
-            slowed = (testbed.agent_named(o.slow_agent) if o.slow_agent
-                      else testbed.agent_of_stage(compared["run"], row["plan"]))
-            say(f"{slowed.name} will slow down to {o.slow_to:g}x {o.slow_agent_at:g} s into the "
-                "run (the dynamic re-partition should move layers away from it)")
-            testbed.slow_agent_at(compared["run"], slowed, o.slow_agent_at, o.slow_to)
-        if o.headless:
-            return testbed.finish(compared["run"], timeout_s=o.run_timeout_s)
-        say("Ctrl-C stops the demo")
-        while True:
-            testbed.check_children()
-            time.sleep(1.0)

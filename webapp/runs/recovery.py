@@ -251,7 +251,10 @@ def run_device_back(*, device: Device) -> None:
             run = lock_run(rd.run)
             ongoing = Recovery.from_json(run.recovery)
             if ongoing is not None and device.uid in ongoing.lost:
-                continue  # lost in the recovery under way: it rejoins at the next one
+                # lost in the recovery under way: it joins at its commit (recovery_ready)
+                run.recovery = replace(ongoing, back=(*ongoing.back, device.uid)).to_json()
+                run.save(update_fields=["recovery"])
+                continue
             RunDevice.objects.filter(pk=rd.pk).update(stage_state=S.IDLE, stage=None)
             control_event(run, "device_joined", device=device.uid)
 
@@ -465,7 +468,20 @@ def recovery_ready(run: Run) -> Run:
         "microbatches_redone": recovery.redone, "paused": paused})
     if from_start:
         control_event(after, "run_started", detail={"after_recovery": True})
+    _rejoin_connected(after, recovery.back)
     return after
+
+
+def _rejoin_connected(run: Run, back: Sequence[str]) -> None:
+    """Devices lost in the recovery just committed whose agent connected again meanwhile (one
+    restarted at once): run_device_back kept them for the commit; they join now, as if they
+    had connected after it."""
+    for rd in (RunDevice.objects.filter(run=run, stage_state=S.LOST, device__uid__in=list(back),
+                                        device__status__in=ACTIVE_DEVICE)
+               .select_related("device")):
+        RunDevice.objects.filter(pk=rd.pk).update(stage_state=S.IDLE, stage=None)
+        control_event(run, "device_joined", device=rd.device.uid,
+                      detail={"during_recovery": True})
 
 
 # --------------------------------------------------------------------------- dynamic re-partition

@@ -117,6 +117,7 @@ class Recovery:
     transfers: int = 0
     redone: int = 0  # micro-batches past the resume point, trained again
     replanned_wall: float | None = None
+    back: tuple[str, ...] = ()  # lost devices whose agent connected again during it
 
     @classmethod
     def from_json(cls, raw: Any) -> Recovery | None:
@@ -135,7 +136,8 @@ class Recovery:
                    release=tuple(str(u) for u in raw.get("release") or ()),
                    bytes_moved=int(raw.get("bytes_moved") or 0),
                    transfers=int(raw.get("transfers") or 0), redone=int(raw.get("redone") or 0),
-                   replanned_wall=None if wall is None else float(wall))
+                   replanned_wall=None if wall is None else float(wall),
+                   back=tuple(str(u) for u in raw.get("back") or ()))
 
     def to_json(self) -> dict[str, Any]:
         return {"generation": self.generation, "cause": self.cause, "lost": list(self.lost),
@@ -145,4 +147,5 @@ class Recovery:
                 "next_plan": None if self.next_plan is None else dict(self.next_plan),
                 "resume": self.resume, "release": list(self.release),
                 "bytes_moved": self.bytes_moved, "transfers": self.transfers,
-                "redone": self.redone, "replanned_wall": self.replanned_wall}
+                "redone": self.redone, "replanned_wall": self.replanned_wall,
+                "back": list(self.back)}

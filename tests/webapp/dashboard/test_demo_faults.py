@@ -18,9 +18,13 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from webapp.demo.client import DemoError
+from webapp.demo.demo import DemoOptions, run_demo
 from webapp.demo.management.commands.demo import Command
 from webapp.demo.processes import ProcessGroup
-from webapp.demo.scenario import DEFAULT_AGENTS, DemoOptions, LocalTestbed, run_demo
+from webapp.demo.scenario import DEFAULT_AGENTS, LocalTestbed
+
+# the testbed marks the devices it supervises in the database (webapp.devices.supervision)
+pytestmark = pytest.mark.django_db
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 
@@ -233,7 +237,7 @@ def test_the_demo_creates_its_run_with_the_options_settings(monkeypatch):
             asked.update(kwargs)
             raise Planned
 
-    monkeypatch.setattr("webapp.demo.scenario.LocalTestbed", Bed)
+    monkeypatch.setattr("webapp.demo.demo.LocalTestbed", Bed)
     with pytest.raises(Planned):
         run_demo(DemoOptions(vertical_sync=False, aggregate_every=6, momentum=0.5, lr=0.3),
                  say=lambda line: None)

@@ -10,7 +10,7 @@ import pytest
 
 from tests.webapp.runs.test_dynamic_repartition import running_run
 from webapp.devices.models import Device
-from webapp.runs import recovery, tasks
+from webapp.runs import recovery, services, tasks
 from webapp.runs.models import FaultEvent, Probe, Run, RunDevice
 
 pytestmark = pytest.mark.django_db(transaction=True)  # planning runs on commit
@@ -93,3 +93,25 @@ def test_a_lost_device_that_connects_again_joins_the_run_s_timeline() -> None:
     rd.refresh_from_db()
     assert rd.stage_state == RunDevice.StageState.IDLE and rd.stage is None
     assert FaultEvent.objects.get(run=run, kind="device_joined").device == middle.uid
+
+
+def test_a_device_back_during_the_recovery_that_lost_it_joins_at_its_commit() -> None:
+    # an agent restarted at once (*Restart agent* in the demo) connected while the recovery
+    # that lost it ran: it was left out then, and never joined (no device_joined, still lost)
+    run = running_run()
+    first, middle, last = staged(run)
+    stages = {s["devices"][0]: s["layers"] for s in run.deployment["plan"]["stages"]}
+    recovery.run_device_lost(device=middle, reason="connection closed", detected_by="test")
+    recovery.run_device_back(device=middle)  # its agent is back before the recovery ends
+    assert not FaultEvent.objects.filter(run=run, kind="device_joined").exists()
+    run.refresh_from_db()
+    for device in (first, last):
+        run = recovery.run_stage_halted(run=run, device=device, generation=1, holdings=[
+            {"layers": stages[device.uid], "applied": 16, "kind": "own"}])
+    for rd in RunDevice.objects.filter(run=run, stage__isnull=False).select_related("device"):
+        run = services.run_stage_ready(run=Run.objects.get(pk=run.pk), device=rd.device,
+                                       generation=1)
+    assert run.state == Run.State.RUNNING
+    joined = FaultEvent.objects.get(run=run, kind="device_joined")
+    assert joined.device == middle.uid and joined.detail == {"during_recovery": True}
+    assert RunDevice.objects.get(run=run, device=middle).stage_state == "idle"

@@ -12,7 +12,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 from orchestrator.formats import SCHEDULES
 from webapp.demo.client import DemoError
-from webapp.demo.scenario import DEFAULT_ALGORITHMS, DemoOptions, run_demo
+from webapp.demo.demo import DemoOptions, run_demo
+from webapp.demo.scenario import DEFAULT_ALGORITHMS
 
 
 class Command(BaseCommand):

@@ -911,14 +911,18 @@
 
   /* ---------------------------------------------------------------- fault injection */
 
+  /* Stop agent (fault injection) and Restart agent (the demo's supervisor starts it again) */
   document.addEventListener("click", async function (event) {
-    const button = event.target.closest("[data-stop-agent]");
+    const button = event.target.closest("[data-stop-agent], [data-restart-agent]");
     if (!button) return;
     const name = button.getAttribute("data-label");
-    if (!window.confirm("Stop the agent of " + name + "? Its process exits at once, as if the device lost " +
-                        "power; a run it trains in recovers without it (or fails).")) return;
+    const restart = button.hasAttribute("data-restart-agent");
+    if (!restart && !window.confirm("Stop the agent of " + name + "? Its process exits at once, as if the device lost " +
+                                    "power; a run it trains in recovers without it (or fails).")) return;
     button.disabled = true;
-    const answer = await EP.api("POST", cfg.urls.stop_agent.replace("{id}", button.getAttribute("data-stop-agent")));
+    const url = restart ? cfg.urls.restart_agent.replace("{id}", button.getAttribute("data-restart-agent"))
+      : cfg.urls.stop_agent.replace("{id}", button.getAttribute("data-stop-agent"));
+    const answer = await EP.api("POST", url);
     button.disabled = false;
     const notice = $("device-notice");
     notice.hidden = false;
@@ -929,7 +933,9 @@
       EP.toast(detail, "error");
       return;
     }
-    const text = "Sent exit to " + name + "'s agent (command " + answer.data.command + "): it stops at once.";
+    const text = restart ? "Asked the demo to start " + name + "'s agent again: it reconnects in a few seconds, " +
+      "and a run it left takes it back at its next re-partition."
+      : "Sent exit to " + name + "'s agent (command " + answer.data.command + "): it stops at once.";
     notice.className = "notice";
     notice.textContent = text;
     EP.toast(text);

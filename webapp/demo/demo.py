@@ -1,0 +1,127 @@
+"""The demo (``manage.py demo``, USER_JOURNEYS.md journey 1): the local testbed, a model
+profiled on it, every planner's plan compared, one plan trained, and the faults asked for
+injected on the way."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.formats import synchronous
+from webapp.demo.client import DemoError
+from webapp.demo.scenario import (
+    DEFAULT_AGENTS,
+    DEFAULT_ALGORITHMS,
+    DemoAgent,
+    LocalTestbed,
+    chosen_plan,
+)
+from webapp.runs.models import AGGREGATE_EVERY_MAX, LR_MAX, MOMENTUM_MAX
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model: str = "vgg5"
+    dataset: str = "synthetic-cifar"
+    batch_size: int = 32
+    microbatches: int = 8
+    batches: int = 100
+    schedule: str = "1f1b"
+    algorithms: tuple[str, ...] = DEFAULT_ALGORITHMS
+    plan: str = "ftpipehd"
+    agents: tuple[DemoAgent, ...] = DEFAULT_AGENTS
+    headless: bool = False
+    run_timeout_s: float = 900.0
+    repartition_every: int | None = None  # batches between dynamic re-partitions (0: off)
+    chain_every: int | None = None  # batches between chain replicas (None: the run's default)
+    global_every: int | None = None  # batches between global replicas (None: the default)
+    kill_agent_at: float | None = None  # seconds into the run: SIGKILL agents (a fault)
+    kill_agents: tuple[str, ...] = ()  # which (default: the device of the plan's middle stage)
+    pause_at: float | None = None  # seconds into the run: pause it (through the API)
+    pause_for: float = 2.0  # seconds it stays paused, then it is resumed
+    slow_agent_at: float | None = None  # seconds into the run: slow an agent down (heat)
+    slow_agent: str = ""  # which (default: the device of the plan's middle stage)
+    slow_to: float = 20.0  # how many times slower than this machine
+    lr: float | None = None  # SGD learning rate of the run (None: the run's default, 0.1)
+    momentum: float | None = None  # SGD momentum of the run (None: the run's default, 0)
+    vertical_sync: bool | None = None  # 1F1B's vertical sync (None: the run's default, on)
+    aggregate_every: int | None = None  # 1F1B's weight aggregation (None: the default, 0: off)
+
+
+def run_demo(options: DemoOptions, *, say: Callable[[str], None] = print
+             ) -> dict[str, Any] | None:
+    """The demo: the testbed, a model profiled on it, every planner's plan compared, one plan
+    trained. Headless, it returns the run's summary; otherwise it runs until interrupted."""
+    o = options
+    for name in o.kill_agents:
+        if name not in {a.name for a in o.agents}:
+            raise DemoError(f"--kill-agent: no agent named {name!r}; the agents: "
+                            f"{', '.join(a.name for a in o.agents)}")
+    if o.kill_agents and o.kill_agent_at is None:
+        raise DemoError("--kill-agent: say when with --kill-agent-at SECONDS")
+    if o.slow_agent and o.slow_agent not in {a.name for a in o.agents}:
+        raise DemoError(f"--slow-agent: no agent named {o.slow_agent!r}; the agents: "
+                        f"{', '.join(a.name for a in o.agents)}")
+    if o.slow_agent and o.slow_agent_at is None:
+        raise DemoError("--slow-agent: say when with --slow-agent-at SECONDS")
+    if not 1 <= o.slow_to <= 1000:
+        raise DemoError(f"--slow-to must be from 1 to 1000, got {o.slow_to:g}")
+    if o.lr is not None and not 0 < o.lr <= LR_MAX:
+        raise DemoError(f"--lr must be above 0 and at most {LR_MAX:g}, got {o.lr:g}")
+    if o.momentum is not None and not 0 <= o.momentum <= MOMENTUM_MAX:
+        raise DemoError(f"--momentum must be from 0 to {MOMENTUM_MAX}, got {o.momentum:g}")
+    if o.aggregate_every is not None and not 0 <= o.aggregate_every <= AGGREGATE_EVERY_MAX:
+        raise DemoError(f"--aggregate-every must be from 0 to {AGGREGATE_EVERY_MAX}, got "
+                        f"{o.aggregate_every}")
+    if o.aggregate_every and synchronous(o.schedule):
+        raise DemoError(f"--aggregate-every is for --schedule 1f1b (asynchronous), not "
+                        f"{o.schedule}")
+    with LocalTestbed(agents=o.agents, host=o.host, port=o.port, say=say) as testbed:
+        say(f"EdgePipe demo on {testbed.url}/ (log in as {testbed.username} / "
+            f"{testbed.password})")
+        links = testbed.measure_links()
+        say(f"{len(testbed.devices)} devices online, {len(links)} links measured; profiling "
+            f"{o.model} on {o.dataset}")
+        spec = testbed.model_spec(model=o.model, dataset=o.dataset, batch_size=o.batch_size)
+        # the plan asked for is planned too (--plan duanwu with the default planners)
+        algorithms = (o.algorithms if o.plan == "best" or o.plan in o.algorithms
+                      else (*o.algorithms, o.plan))
+        say(f"planning with {', '.join(algorithms)}")
+        compared = testbed.plan(
+            spec, devices=testbed.devices, algorithms=algorithms, schedule=o.schedule,
+            name=f"demo: {o.model} on {o.dataset} over {len(testbed.devices)} devices",
+            microbatches=o.microbatches, batches=o.batches,
+            repartition_every=o.repartition_every, lr=o.lr, momentum=o.momentum,
+            vertical_sync=o.vertical_sync, aggregate_every=o.aggregate_every,
+            chain_every=o.chain_every, global_every=o.global_every)
+        say(f"  {compared['reason']}")
+        row = chosen_plan(compared, o.plan)
+        say(f"starting the {row['algorithm']} plan ({row['stages']} stages, predicted "
+            f"{row['throughput_sps']:.4g} samples/s)")
+        testbed.start(compared["run"], row["plan"])
+        say(f"training: open {testbed.url}/runs/{compared['run']}/ to watch it live")
+        if o.kill_agent_at is not None:
+            victims = ([testbed.agent_named(name) for name in o.kill_agents] if o.kill_agents
+                       else [testbed.agent_of_stage(compared["run"], row["plan"])])
+            say(f"fault injection: {', '.join(v.name for v in victims)} will be killed "
+                f"{o.kill_agent_at:g} s into the run")
+            testbed.kill_agent_at(compared["run"], victims, o.kill_agent_at)
+        if o.pause_at is not None:
+            say(f"the run will be paused {o.pause_at:g} s into it, for {o.pause_for:g} s")
+            testbed.pause_at(compared["run"], o.pause_at, o.pause_for)
+        if o.slow_agent_at is not None:
+            slowed = (testbed.agent_named(o.slow_agent) if o.slow_agent
+                      else testbed.agent_of_stage(compared["run"], row["plan"]))
+            say(f"{slowed.name} will slow down to {o.slow_to:g}x {o.slow_agent_at:g} s into the "
+                "run (the dynamic re-partition should move layers away from it)")
+            testbed.slow_agent_at(compared["run"], slowed, o.slow_agent_at, o.slow_to)
+        if o.headless:
+            return testbed.finish(compared["run"], timeout_s=o.run_timeout_s)
+        say("Ctrl-C stops the demo")
+        while True:
+            testbed.check_children()
+            time.sleep(1.0)
