@@ -37,7 +37,7 @@ from webapp.runs.models import (
 )
 from webapp.runs.models import TimelineEvent as TimelineRow
 from webapp.runs.selectors import plan_best, run_list, run_planning_inputs, run_summary
-from webapp.runs.states import ACTIVE, RunState
+from webapp.runs.states import ACTIVE, Deployment, RunState
 
 RUNS_PER_PAGE = 50
 # the run-list filters: label -> states
@@ -61,7 +61,9 @@ MAX_GHOST_EVENTS = 20000
 def overview_counts() -> dict[str, int]:
     """How many devices are in each status and how many runs are active."""
     by_status = dict(Device.objects.values_list("status").annotate(n=Count("id")))
-    return {"online": by_status.get(Device.Status.ONLINE, 0),
+    # a busy device (training) is online too: "online" counts every device with its agent
+    # connected, "busy" those of them training
+    return {"online": by_status.get(Device.Status.ONLINE, 0) + by_status.get(Device.Status.BUSY, 0),
             "busy": by_status.get(Device.Status.BUSY, 0),
             "offline": by_status.get(Device.Status.OFFLINE, 0),
             "devices": sum(n for s, n in by_status.items() if s != Device.Status.RETIRED),
@@ -200,13 +202,22 @@ def devices_without_profile(*, model_spec: ModelSpec, devices: Iterable[Device])
     return [k for k, d in enumerate(chosen) if d.pk not in profiled]
 
 
-def run_export_plan(*, run: Run, plan_id: int | None = None) -> Plan | None:
-    """The plan to export: the given one, else the run's chosen plan, else its best."""
+def run_export_plan(*, run: Run, plan_id: int | None = None
+                    ) -> tuple[dict[str, Any], str] | None:
+    """The plan document to export and what to call it: the given plan, else the plan the
+    run's devices train now (after a re-partition or a recovery, the current generation's,
+    not the one it started with), else its chosen plan, else its best."""
     if plan_id is not None:
-        return Plan.objects.filter(run=run, pk=plan_id, document__isnull=False).first()
-    if run.chosen_plan_id is not None:
-        return Plan.objects.filter(pk=run.chosen_plan_id).first()
-    return plan_best(run=run)
+        plan = Plan.objects.filter(run=run, pk=plan_id, document__isnull=False).first()
+    else:
+        current = Deployment.from_json(run.deployment).plan
+        if run.generation > 0 and current is not None:
+            return dict(current), f"generation-{run.generation}"
+        plan = (Plan.objects.filter(pk=run.chosen_plan_id).first()
+                if run.chosen_plan_id is not None else plan_best(run=run))
+    if plan is None or plan.document is None:
+        return None
+    return plan.document, plan.algorithm
 
 
 # --------------------------------------------------------------------------- plan layouts

@@ -262,15 +262,17 @@ def run_export_metrics(request: HttpRequest, run_id: int) -> StreamingHttpRespon
 
 @login_required
 def run_export_plan(request: HttpRequest, run_id: int) -> JsonResponse:
-    """The run's chosen plan (else its best; ``?plan=<id>`` for another) as plan JSON."""
+    """The plan the run trains now (its chosen plan, or a re-partition's; else its best;
+    ``?plan=<id>`` for another) as plan JSON."""
     found = get_object_or_404(run_list(), pk=run_id)
     raw = request.GET.get("plan", "")
-    plan = selectors.run_export_plan(run=found, plan_id=int(raw) if raw.isdigit() else None)
-    if plan is None or plan.document is None:
+    exported = selectors.run_export_plan(run=found, plan_id=int(raw) if raw.isdigit() else None)
+    if exported is None:
         raise Http404(f"run {found.pk} has no computed plan yet" if not raw
                       else f"run {found.pk} has no computed plan {raw}")
-    return _attachment(JsonResponse(plan.document, json_dumps_params={"indent": 2}),
-                       f"edgepipe-run-{found.pk}-plan-{plan.algorithm}.json")
+    document, name = exported
+    return _attachment(JsonResponse(document, json_dumps_params={"indent": 2}),
+                       f"edgepipe-run-{found.pk}-plan-{name}.json")
 
 
 def _planning_input(request: HttpRequest, run_id: int, part: str) -> JsonResponse:

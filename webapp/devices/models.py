@@ -61,7 +61,9 @@ class Device(models.Model):
                   "last connected: [{kind, speed, backward_speed}], speeds relative to each "
                   "other; empty: one resource")
     # Planning derives speeds from the devices' profiles instead (runs.selectors).
-    speed = models.FloatField(default=1.0, help_text="relative speed the agent reports")
+    speed = models.FloatField(default=1.0, help_text=(
+        "relative speed as measured: the fastest device's time per batch over this one's, on "
+        "the model profiled last"))
     memory_bytes = models.BigIntegerField()
     bandwidth_bps = models.FloatField()
     uplink_bps = models.FloatField(null=True, blank=True)

@@ -236,7 +236,23 @@ def layer_profile_upload(*, device: Device, model_spec: ModelSpec, document: Any
                   "forward_s": sum(la.forward_s for la in profile.layers),
                   "backward_s": sum(la.backward_s for la in profile.layers),
                   "measured_at": timezone.now()})
+    _speeds_measured(model_spec)
     return stored
+
+
+def _speeds_measured(model_spec: ModelSpec) -> None:
+    """Each device that profiled ``model_spec``: its speed relative to the fastest of them
+    (the fastest's time per batch over its own), as the devices pages show it. Agents do not
+    report a speed: it is what they measured."""
+    totals = {device_id: forward + backward for device_id, forward, backward in
+              LayerProfile.objects.filter(model_spec=model_spec)
+              .values_list("device_id", "forward_s", "backward_s")}
+    usable = {d: t for d, t in totals.items() if t > 0}
+    if not usable:
+        return
+    fastest = min(usable.values())
+    for device_id, total in usable.items():
+        Device.objects.filter(pk=device_id).update(speed=round(fastest / total, 6))
 
 
 def device_profile_request(*, device: Device, model_spec: ModelSpec) -> Command:

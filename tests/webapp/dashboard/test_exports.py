@@ -128,6 +128,23 @@ def test_the_plan_is_plan_json_the_orchestrator_reads(browser: Client, gpipe_run
     assert json.loads(answer.content)["algorithm"] == other.algorithm
 
 
+def test_after_a_re_partition_the_plan_downloaded_is_the_one_trained_now(browser: Client,
+                                                                          gpipe_run):
+    # the export kept the cuts the run started with after a re-partition moved them
+    started = gpipe_run.plans.order_by("period_s").first()
+    moved = {**started.document, "algorithm": "ftpipehd",
+             "stages": list(reversed(started.document["stages"]))}
+    Run.objects.filter(pk=gpipe_run.pk).update(
+        chosen_plan=started, generation=2, deployment={"plan": moved, "since_s": 12.0})
+    answer = browser.get(f"/runs/{gpipe_run.pk}/export/plan.json")
+    assert answer.status_code == 200
+    assert answer["Content-Disposition"].endswith('-plan-generation-2.json"')
+    assert json.loads(answer.content)["stages"] == moved["stages"]
+    # a plan asked for by id is still that plan
+    answer = browser.get(f"/runs/{gpipe_run.pk}/export/plan.json?plan={started.pk}")
+    assert json.loads(answer.content)["stages"] == started.document["stages"]
+
+
 def test_a_run_without_a_plan_has_no_plan_to_download(browser: Client):
     run = RunFactory()
     answer = browser.get(f"/runs/{run.pk}/export/plan.json")

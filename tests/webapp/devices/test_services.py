@@ -133,6 +133,21 @@ def test_profile_upload_stores_and_replaces_the_devices_profile():
     assert stored.document["layers"][3]["backward_s"] == pytest.approx(0.16)
 
 
+def test_a_devices_speed_is_measured_relative_to_the_fastest_that_profiled_the_model():
+    # agents report no speed: every device showed 1x, a 4x slower one too
+    spec = ModelSpecFactory()
+    fast, slow = DeviceFactory(), DeviceFactory()
+    services.layer_profile_upload(device=slow, model_spec=spec,
+                                  document=profile_document(layers=4, scale=4.0))
+    slow.refresh_from_db()
+    assert slow.speed == pytest.approx(1.0)  # the only one yet
+    services.layer_profile_upload(device=fast, model_spec=spec,
+                                  document=profile_document(layers=4))
+    fast.refresh_from_db()
+    slow.refresh_from_db()
+    assert (fast.speed, slow.speed) == (pytest.approx(1.0), pytest.approx(0.25))
+
+
 @pytest.mark.parametrize(("document", "field", "reason"), [
     ({**profile_document(), "model": "vgg5"}, "profile.model", "is 'vgg5' but model spec"),
     ({**profile_document(), "batch_size": 8}, "profile.batch_size", "is 8 but model spec"),
