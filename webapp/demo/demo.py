@@ -14,11 +14,15 @@ from webapp.demo.client import DemoError
 from webapp.demo.scenario import (
     DEFAULT_AGENTS,
     DEFAULT_ALGORITHMS,
+    FINAL_STATES,
     DemoAgent,
     LocalTestbed,
     chosen_plan,
 )
 from webapp.runs.models import AGGREGATE_EVERY_MAX, LR_MAX, MOMENTUM_MAX
+
+HEADLESS_BATCHES = 100  # a headless demo's run, without --batches
+UNTIL_STOPPED = 10**6  # batches of an interactive demo's run: it trains until Ctrl-C
 
 
 @dataclass(frozen=True)
@@ -29,7 +33,7 @@ class DemoOptions:
     dataset: str = "synthetic-cifar"
     batch_size: int = 32
     microbatches: int = 8
-    batches: int = 100
+    batches: int | None = None  # None: 100 headless, else until Ctrl-C (UNTIL_STOPPED)
     schedule: str = "1f1b"
     algorithms: tuple[str, ...] = DEFAULT_ALGORITHMS
     plan: str = "ftpipehd"
@@ -50,6 +54,24 @@ class DemoOptions:
     momentum: float | None = None  # SGD momentum of the run (None: the run's default, 0)
     vertical_sync: bool | None = None  # 1F1B's vertical sync (None: the run's default, on)
     aggregate_every: int | None = None  # 1F1B's weight aggregation (None: the default, 0: off)
+
+    def batches_to_train(self) -> int:
+        """--batches, else 100 headless, else as many as the run takes: until Ctrl-C."""
+        if self.batches is not None:
+            return self.batches
+        return HEADLESS_BATCHES if self.headless else UNTIL_STOPPED
+
+
+def stop_run(testbed: LocalTestbed, run_id: int, say: Callable[[str], None]) -> None:
+    """Ctrl-C: the run is stopped (cancelled) before its agents are, so that it does not read
+    "failed: every device of the run was lost" when the demo starts again."""
+    try:
+        run = testbed.api.get(f"/api/runs/{run_id}/")
+        if run["state"] not in FINAL_STATES:
+            testbed.api.post(f"/api/runs/{run_id}/stop/")
+            say(f"run {run_id} stopped")
+    except (DemoError, OSError) as exc:
+        say(f"could not stop run {run_id}: {exc}")
 
 
 def run_demo(options: DemoOptions, *, say: Callable[[str], None] = print
@@ -94,7 +116,7 @@ def run_demo(options: DemoOptions, *, say: Callable[[str], None] = print
         compared = testbed.plan(
             spec, devices=testbed.devices, algorithms=algorithms, schedule=o.schedule,
             name=f"demo: {o.model} on {o.dataset} over {len(testbed.devices)} devices",
-            microbatches=o.microbatches, batches=o.batches,
+            microbatches=o.microbatches, batches=o.batches_to_train(),
             repartition_every=o.repartition_every, lr=o.lr, momentum=o.momentum,
             vertical_sync=o.vertical_sync, aggregate_every=o.aggregate_every,
             chain_every=o.chain_every, global_every=o.global_every)
@@ -121,7 +143,12 @@ def run_demo(options: DemoOptions, *, say: Callable[[str], None] = print
             testbed.slow_agent_at(compared["run"], slowed, o.slow_agent_at, o.slow_to)
         if o.headless:
             return testbed.finish(compared["run"], timeout_s=o.run_timeout_s)
-        say("Ctrl-C stops the demo")
-        while True:
-            testbed.check_children()
-            time.sleep(1.0)
+        say("Ctrl-C stops the demo" if o.batches is not None else
+            "it trains until Ctrl-C stops the demo (--batches N: N batches)")
+        try:
+            while True:
+                testbed.check_children()
+                time.sleep(1.0)
+        except KeyboardInterrupt:
+            stop_run(testbed, compared["run"], say)
+            raise

@@ -18,7 +18,7 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from webapp.demo.client import DemoError
-from webapp.demo.demo import DemoOptions, run_demo
+from webapp.demo.demo import UNTIL_STOPPED, DemoOptions, run_demo, stop_run
 from webapp.demo.management.commands.demo import Command
 from webapp.demo.processes import ProcessGroup
 from webapp.demo.scenario import DEFAULT_AGENTS, LocalTestbed
@@ -243,3 +243,33 @@ def test_the_demo_creates_its_run_with_the_options_settings(monkeypatch):
                  say=lambda line: None)
     assert ((asked["vertical_sync"], asked["aggregate_every"], asked["momentum"], asked["lr"])
             == (False, 6, 0.5, 0.3))
+
+
+@pytest.mark.parametrize(("options", "batches"), [
+    (DemoOptions(), UNTIL_STOPPED), (DemoOptions(headless=True), 100),
+    (DemoOptions(batches=7), 7), (DemoOptions(batches=7, headless=True), 7)])
+def test_the_demo_trains_until_stopped_unless_told_how_long(options, batches):
+    # the demo's 100 batches were over before a new user looked at the run page
+    assert options.batches_to_train() == batches
+
+
+@pytest.mark.parametrize(("state", "stopped"), [("running", True), ("recovering", True),
+                                                ("finished", False)])
+def test_ctrl_c_stops_the_run_before_the_agents(state, stopped):
+    # left running, the run read "failed: every device of the run was lost" at the next start
+    posted: list[str] = []
+
+    class Api:
+        def get(self, path: str) -> Any:
+            return {"id": 7, "state": state}
+
+        def post(self, path: str, body: Any = None) -> Any:
+            posted.append(path)
+            return {}
+
+    bed = LocalTestbed(say=lambda line: None)
+    bed.api = Api()  # type: ignore[assignment]
+    said: list[str] = []
+    stop_run(bed, 7, said.append)
+    assert posted == (["/api/runs/7/stop/"] if stopped else [])
+    assert said == (["run 7 stopped"] if stopped else [])

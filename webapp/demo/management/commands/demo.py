@@ -30,8 +30,8 @@ class Command(BaseCommand):
         parser.add_argument("--batch-size", type=int, default=32)
         parser.add_argument("--microbatches", type=int, default=8,
                             help="micro-batches per batch (default 8)")
-        parser.add_argument("--batches", type=int, default=100,
-                            help="batches to train (default 100)")
+        parser.add_argument("--batches", type=int, default=None,
+                            help="batches to train (default: until Ctrl-C; headless 100)")
         parser.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
         parser.add_argument("--algorithms", default=",".join(DEFAULT_ALGORITHMS),
                             help="planners to compare (comma-separated)")
