@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import sqlite3
 import subprocess
@@ -102,9 +103,16 @@ def test_sigterm_stops_the_demo_and_every_process_it_started(tmp_path: Path) -> 
 
     try:
         assert demo.stdout is not None
+        said = []
         for line in demo.stdout:
-            if line.startswith("starting agents"):
+            said.append(line)
+            if "starting agents" in line:
                 break
+        # the address and password come as soon as the dashboard is up, before the agents
+        # start (they came after the agents were online and their links measured)
+        assert any(f"EdgePipe dashboard on http://127.0.0.1:{port}/ (log in as admin / " in s
+                   for s in said), said
+        assert all(re.match(r"\[ *\d+\.\d s\] ", s) for s in said), said
         deadline = time.monotonic() + 60
         while len(started_here()) < 4 and time.monotonic() < deadline:  # worker and agents
             time.sleep(0.5)

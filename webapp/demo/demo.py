@@ -74,6 +74,12 @@ def stop_run(testbed: LocalTestbed, run_id: int, say: Callable[[str], None]) -> 
         say(f"could not stop run {run_id}: {exc}")
 
 
+def _timed(say: Callable[[str], None]) -> Callable[[str], None]:
+    """Each line with the seconds since the demo began: where its start-up goes shows."""
+    began = time.monotonic()
+    return lambda line: say(f"[{time.monotonic() - began:5.1f} s] {line}")
+
+
 def run_demo(options: DemoOptions, *, say: Callable[[str], None] = print
              ) -> dict[str, Any] | None:
     """The demo: the testbed, a model profiled on it, every planner's plan compared, one plan
@@ -102,9 +108,8 @@ def run_demo(options: DemoOptions, *, say: Callable[[str], None] = print
     if o.aggregate_every and synchronous(o.schedule):
         raise DemoError(f"--aggregate-every is for --schedule 1f1b (asynchronous), not "
                         f"{o.schedule}")
+    say = _timed(say)
     with LocalTestbed(agents=o.agents, host=o.host, port=o.port, say=say) as testbed:
-        say(f"EdgePipe demo on {testbed.url}/ (log in as {testbed.username} / "
-            f"{testbed.password})")
         links = testbed.measure_links()
         say(f"{len(testbed.devices)} devices online, {len(links)} links measured; profiling "
             f"{o.model} on {o.dataset}")

@@ -111,6 +111,9 @@ class LocalTestbed:
         try:
             self._start_servers()
             self.api.login(self.username, self.password)
+            # the dashboard is up: the user can open it while the agents start
+            self.say(f"EdgePipe dashboard on {self.url}/ (log in as {self.username} / "
+                     f"{self.password})")
             self.say("starting agents: " + "; ".join(f"{a.name} ({a.describe()})"
                                                       for a in self.agents))
             self.devices = self._devices_online(self._start_agents())

@@ -26,16 +26,13 @@ import os
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from django.conf import settings
 from django.db import transaction
 from django.db.models.signals import post_delete
 from django.utils import timezone
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load as safetensors_load
-from safetensors.torch import save as safetensors_save
 
 from orchestrator.redistribution import tensor_layer
 from webapp.common.exceptions import ApplicationError, Conflict, FieldError, InvalidInput
@@ -43,6 +40,9 @@ from webapp.devices.models import Device
 from webapp.devices.selectors import model_num_layers
 from webapp.runs.models import Run, WeightReplica
 from webapp.runs.states import ACTIVE, Deployment, Recovery, RunState
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +180,8 @@ def _check_tensors(data: bytes, *, run: Run, first: int, last: int, applied: int
         raise InvalidInput("body", "is empty; expected safetensors")
     if len(data) > limit:
         raise InvalidInput("body", f"is {len(data)} bytes, more than REPLICA_MAX_BYTES ({limit})")
+    from safetensors.torch import load as safetensors_load  # torch: only once replicas come
+
     try:
         tensors = safetensors_load(data)
     except (SafetensorError, ValueError, RuntimeError, TypeError) as exc:
@@ -312,6 +314,8 @@ def replica_read(*, run: Run, first: int, last: int, applied: int) -> bytes:
             raise ReplicaMissing(run=run, layer=layers[0], applied=applied) from None
     metadata = {"run": str(run.pk), "first": str(first), "last": str(last),
                 "applied": str(applied)}
+    from safetensors.torch import save as safetensors_save
+
     return safetensors_save(tensors, metadata=metadata)
 
 
