@@ -15,6 +15,7 @@ from typing import Any
 
 from orchestrator import commands, pipelearn_cli
 from orchestrator.errors import FormatError, PlanningError
+from orchestrator.report import cli as report_cli
 from orchestrator.sl import cli as sl_cli
 
 Register = Callable[[Any], None]
@@ -26,6 +27,7 @@ SUBCOMMANDS: tuple[Register, ...] = (
     commands.register_group,
     sl_cli.register,
     pipelearn_cli.register,
+    report_cli.register,
 )
 
 
@@ -33,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m orchestrator",
         description="EdgePipe's planning core: partition a profiled model over heterogeneous "
-                    "devices, simulate the pipeline, compare planners.",
+                    "devices, simulate the pipeline, compare planners, report on a run.",
         epilog="Formats: docs/architecture.md. Example: python -m orchestrator compare "
                "--profile data/profiles/resnet101_cifar10.model.json "
                "--devices data/profiles/resnet101_cifar10.devices.json",

@@ -540,6 +540,24 @@ def check_stages(stages: Sequence[Stage], *, num_layers: int, device_ids: Sequen
         raise at.fail(f"leave layers {expected}..{num_layers - 1} unassigned", show_value=False)
 
 
+def parse_plan_stages(raw: Any, at: At) -> list[Stage]:
+    """A plan document's ``stages`` as Stages, each ``{layers: [first, last], devices}``
+    read as it is (checked against a model and devices by :func:`check_stages`)."""
+    stages = []
+    for k, raw_stage in enumerate(expect_list(raw, at)):
+        sa = at.index(k)
+        so = expect_object(raw_stage, sa, ("layers", "devices"))
+        bounds = expect_list(so["layers"], sa.key("layers"))
+        if len(bounds) != 2:
+            raise sa.key("layers").fail("must be [first, last]", bounds)
+        first = expect_integer(bounds[0], sa.key("layers").index(0))
+        last = expect_integer(bounds[1], sa.key("layers").index(1))
+        names = tuple(expect_string(d, sa.key("devices").index(j))
+                      for j, d in enumerate(expect_list(so["devices"], sa.key("devices"))))
+        stages.append(Stage(layers=(first, last), devices=names))
+    return stages
+
+
 def parse_plan(raw: Any, *, profile: ModelProfile, devices: DeviceSet,
                file: str = "<input>") -> Plan:
     """Validate a plan document against the profile and devices it is meant for.
@@ -554,18 +572,7 @@ def parse_plan(raw: Any, *, profile: ModelProfile, devices: DeviceSet,
     schedule = obj.get("schedule", "1f1b")
     if schedule not in SCHEDULES:
         raise at.key("schedule").fail(f"must be one of {', '.join(SCHEDULES)}", schedule)
-    stages = []
-    for k, raw_stage in enumerate(expect_list(obj["stages"], at.key("stages"))):
-        sa = at.key("stages").index(k)
-        so = expect_object(raw_stage, sa, ("layers", "devices"))
-        bounds = expect_list(so["layers"], sa.key("layers"))
-        if len(bounds) != 2:
-            raise sa.key("layers").fail("must be [first, last]", bounds)
-        first = expect_integer(bounds[0], sa.key("layers").index(0))
-        last = expect_integer(bounds[1], sa.key("layers").index(1))
-        names = tuple(expect_string(d, sa.key("devices").index(j))
-                      for j, d in enumerate(expect_list(so["devices"], sa.key("devices"))))
-        stages.append(Stage(layers=(first, last), devices=names))
+    stages = parse_plan_stages(obj["stages"], at.key("stages"))
     check_stages(stages, num_layers=profile.num_layers, device_ids=devices.ids,
                  at=at.key("stages"))
     beta = None

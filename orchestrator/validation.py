@@ -85,15 +85,21 @@ def expect_list(raw: Any, at: At, *, nonempty: bool = True) -> list[Any]:
     return raw
 
 
-def read_json(path: str | Path) -> Any:
-    """Read a JSON file, turning I/O and syntax problems into a FormatError naming the file."""
+def read_text(path: str | Path) -> str:
+    """Read a UTF-8 text file, turning I/O problems into a FormatError naming the file."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        return p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise FormatError("no such file", file=str(p)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise FormatError(f"cannot be read: {exc}", file=str(p)) from None
+
+
+def read_json(path: str | Path) -> Any:
+    """Read a JSON file, turning I/O and syntax problems into a FormatError naming the file."""
+    p = Path(path)
+    text = read_text(p)
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:

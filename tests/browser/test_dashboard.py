@@ -308,7 +308,7 @@ def test_every_page_renders_and_loads_only_from_the_server(visit: Visit, server:
     visit.go(f"/devices/{devices[0]['id']}/")
     page.wait_for_selector("#profile-chart .main-svg")
     visit.screenshot("device-detail")
-    assert f"{server.base}/static/vendor/plotly/plotly-basic.min.js" in visit.requests
+    assert f"{server.base}/static/vendor/plotly.min.js" in visit.requests
     # two runs ticked on the Runs page, compared side by side
     user = server.api()
     spec, _ = lab

@@ -1,5 +1,6 @@
-"""The dependency rule: orchestrator imports neither Django nor webapp nor agent, and torch only
-in the learned planner (TAPP)."""
+"""The dependency rule: orchestrator imports neither Django nor webapp nor agent, torch only in
+the learned planner (TAPP) and plotly only in the run report's figures and document (devices
+running the agent install neither)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from tests.conftest import ROOT
 
 TORCH_ALLOWED = {"tapp.py", "tapp_policy.py"}
+PLOTLY_ALLOWED = {"report/figures.py", "report/document.py"}
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -33,6 +35,8 @@ def test_orchestrator_sources_import_nothing_forbidden() -> None:
         assert not names & forbidden, path
         if path.name not in TORCH_ALLOWED:
             assert "torch" not in names, path
+        if path.relative_to(ROOT / "orchestrator").as_posix() not in PLOTLY_ALLOWED:
+            assert "plotly" not in names, path
 
 
 def test_importing_everything_pulls_in_no_django_or_torch() -> None:
@@ -48,3 +52,13 @@ def test_importing_everything_pulls_in_no_django_or_torch() -> None:
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == ""
+
+
+def test_the_command_line_and_the_formats_need_no_plotly() -> None:
+    code = ("import sys, orchestrator.cli, orchestrator.formats, orchestrator.events\n"
+            "orchestrator.cli.build_parser()\n"
+            "print('plotly' in sys.modules)\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"

@@ -22,6 +22,8 @@ TRAVERSALS = [
     "/static/%2e%2e/%2e%2e/%2e%2e/manage.py",
     "/static/dashboard/..%2f..%2f..%2f..%2fsettings%2fbase.py",
     "/static/..%2f..%2f..%2f..%2f..%2f..%2f..%2f..%2fetc%2fpasswd",
+    "/static/vendor/..%2f..%2f..%2fmanage.py",
+    "/static/vendor/..%2fvendor%2f..%2f..%2fplotly%2f__init__.py",
 ]
 
 

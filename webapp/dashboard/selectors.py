@@ -432,7 +432,8 @@ class ChromeTrace:
     open): an "X" complete event per timeline event (ts and dur in microseconds), one process
     per device (pid in pipeline order, named by process_name metadata) with one thread per
     kind of event, "i" instant events for faults and "C" counters for the metrics; run-wide
-    faults and metrics go to process 0, named after the run."""
+    faults and metrics go to process 0, named after the run. A device's process names its id
+    in its args (``device``), which ``python -m orchestrator report`` reads."""
 
     def __init__(self, run: Run) -> None:
         self.run = run
@@ -494,7 +495,7 @@ class ChromeTrace:
         for uid, pid in sorted(self.pids.items(), key=lambda item: item[1]):
             label = self.names.get(uid)
             yield {"name": "process_name", "ph": "M", "pid": pid,
-                   "args": {"name": f"{label} ({uid})" if label else uid}}
+                   "args": {"name": f"{label} ({uid})" if label else uid, "device": uid}}
             yield {"name": "process_sort_index", "ph": "M", "pid": pid,
                    "args": {"sort_index": pid}}
         for (pid, tid), name in sorted(self.threads.items()):

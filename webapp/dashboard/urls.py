@@ -28,6 +28,7 @@ urlpatterns = [
          name="export-profile"),
     path("runs/<int:run_id>/export/devices.json", views.run_export_devices,
          name="export-devices"),
+    path("runs/<int:run_id>/export/report.html", views.run_export_report, name="export-report"),
 ]
 
 api_urlpatterns = ([

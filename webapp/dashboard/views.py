@@ -23,7 +23,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from orchestrator.errors import PlanningError
 from webapp.common.permissions import staff_required
-from webapp.dashboard import selectors, services
+from webapp.dashboard import reports, selectors, services
 from webapp.dashboard.services import FormInvalid
 from webapp.devices import services as device_services
 from webapp.devices.events import devices_snapshot
@@ -223,8 +223,10 @@ def _streamed(request: HttpRequest, lines: Iterator[str]) -> Iterator[str] | Asy
 
 
 def _trace_stream(trace: selectors.ChromeTrace) -> Iterator[str]:
+    run = trace.run
     yield '{"displayTimeUnit": "ms", "otherData": ' + json.dumps(
-        {"run": trace.run.pk, "name": trace.run.name, "schedule": trace.run.schedule}) + \
+        {"run": run.pk, "name": run.name, "schedule": run.schedule,
+         "microbatches": run.microbatches, "batch_size": run.model_spec.batch_size}) + \
         ', "traceEvents": [\n'
     first = True
     for event in (*trace.events(), *trace.metadata()):
@@ -273,6 +275,18 @@ def run_export_plan(request: HttpRequest, run_id: int) -> JsonResponse:
     document, name = exported
     return _attachment(JsonResponse(document, json_dumps_params={"indent": 2}),
                        f"edgepipe-run-{found.pk}-plan-{name}.json")
+
+
+@login_required
+def run_export_report(request: HttpRequest, run_id: int) -> HttpResponse:
+    """The run's report: plans, Gantt, idle time, throughput, loss and accuracy, faults, as one
+    HTML file that opens offline (plotly.js inside; ``python -m orchestrator report`` makes
+    the same from the other downloads)."""
+    found = get_object_or_404(run_list().select_related("model_spec", "chosen_plan"),
+                              pk=run_id)
+    return _attachment(HttpResponse(reports.run_report(run=found),
+                                    content_type="text/html; charset=utf-8"),
+                       f"edgepipe-run-{found.pk}-report.html")
 
 
 def _planning_input(request: HttpRequest, run_id: int, part: str) -> JsonResponse:

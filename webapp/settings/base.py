@@ -89,7 +89,9 @@ ASGI_APPLICATION = "webapp.asgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [],
+        # the project's templates (templates/<app>/...); the apps' own directories only for
+        # the third-party apps' (admin, DRF, drf-spectacular)
+        "DIRS": [BASE_DIR / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -136,6 +138,14 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
+# the project's static files (static/<app>/...), the third-party apps' own, and plotly.js from
+# the pinned plotly package (vendor/plotly.min.js: webapp.common.staticfinders)
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATICFILES_FINDERS = [
+    "django.contrib.staticfiles.finders.FileSystemFinder",
+    "django.contrib.staticfiles.finders.AppDirectoriesFinder",
+    "webapp.common.staticfinders.PackageFileFinder",
+]
 STATIC_ROOT = env.str("STATIC_ROOT", default=str(VAR_DIR / "static"))
 # The ASGI application serves static files itself (no CDN, no separate file server needed);
 # set SERVE_STATIC=false when a reverse proxy serves STATIC_ROOT (after collectstatic).

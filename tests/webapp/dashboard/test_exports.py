@@ -13,8 +13,7 @@ import pytest
 from django.test import Client
 
 from orchestrator.formats import parse_plan
-from tests.webapp.factories import DeviceFactory, RunFactory
-from webapp.runs import services
+from tests.webapp.factories import RunFactory
 from webapp.runs.models import Run
 from webapp.runs.selectors import run_planning_inputs
 
@@ -23,40 +22,6 @@ pytestmark = pytest.mark.django_db
 
 def body(answer) -> bytes:
     return b"".join(answer.streaming_content) if answer.streaming else answer.content
-
-
-@pytest.fixture
-def reported() -> Run:
-    """A running run on three devices whose agents reported forwards, backwards, overlapping
-    sends to two neighbours, metrics and faults."""
-    devices = [DeviceFactory(name=n) for n in ("pi one", "pi two", "pi three")]
-    run = RunFactory(devices=devices, state=Run.State.RUNNING)
-    for k, device in enumerate(devices):
-        timeline = []
-        for m in range(5):
-            t = 1.0 * m + 0.25 * k
-            timeline += [
-                {"run": run.pk, "device": device.uid, "stage": k, "kind": "forward",
-                 "microbatch": m, "version": 0, "start": t, "end": t + 0.2},
-                {"run": run.pk, "device": device.uid, "stage": k, "kind": "backward",
-                 "microbatch": m, "version": 0, "start": t + 0.3, "end": t + 0.7},
-                # two transfers at once, to both neighbours: two lanes in the trace
-                {"run": run.pk, "device": device.uid, "stage": k, "kind": "send",
-                 "microbatch": m, "version": 0, "start": t + 0.2, "end": t + 0.5,
-                 "bytes": 4096},
-                {"run": run.pk, "device": device.uid, "stage": k, "kind": "send",
-                 "microbatch": m, "version": 0, "start": t + 0.3, "end": t + 0.6,
-                 "bytes": 4096}]
-        services.run_events_store(
-            run=run, device=device, timeline=timeline,
-            metrics=[{"at": 5.0 + k, "kind": "network_bps", "device": device.uid,
-                      "value": 1e6 * (k + 1)}],
-            faults=[{"run": run.pk, "at": 2.5, "kind": "device_lost", "device": device.uid,
-                     "detail": {"reason": "heartbeat timeout"}}] if k == 2 else [])
-    services.run_events_store(run=run, device=devices[0], metrics=[
-        {"at": 4.0, "kind": "throughput_sps", "value": 120.5},
-        {"at": 4.0, "kind": "loss", "value": 1.75}])
-    return run
 
 
 def test_the_trace_is_chrome_trace_json_with_one_process_per_device(browser: Client, reported):

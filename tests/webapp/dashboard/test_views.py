@@ -101,7 +101,7 @@ def test_a_run_page_carries_its_live_configuration(browser: Client, gpipe_run: R
     assert f'"ws_path": "/ws/runs/{gpipe_run.pk}/"' in html
     assert f"/api/dashboard/runs/{gpipe_run.pk}/plans/{{plan}}/timeline/" in html
     assert "has the shortest predicted period" in html  # why the best is best
-    assert "/static/vendor/plotly/plotly-basic.min.js" in html
+    assert "/static/vendor/plotly.min.js" in html
 
 
 def test_a_run_page_with_a_training_plan_has_the_place_for_its_curve(browser: Client):

@@ -144,7 +144,7 @@ def test_a_study_page_shows_the_comparison_and_what_its_script_polls(browser):
         "detail": f"/api/split/studies/{study.pk}/",
         "compare": f"/api/split/studies/{study.pk}/compare/",
         "gantt": f"/api/split/studies/{study.pk}/schedules/{{schedule}}/gantt/"}
-    assert "vendor/plotly/plotly-basic.min.js" in html and "split/split.js" in html
+    assert "/static/vendor/plotly.min.js" in html and "split/split.js" in html
 
 
 def test_an_unknown_study_is_a_404(browser):
