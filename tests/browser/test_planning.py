@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.browser.conftest import Server, Visit
-from tests.webapp.integration.stack import Browser, enrol, resnet_testbed
+from tests.webapp.integration.stack import Browser, enrol, generated_testbed
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
 
@@ -21,8 +21,8 @@ def plans(user: Browser, run_id: int) -> dict[str, dict[str, Any]]:
 def test_a_worker_stopped_mid_plan_is_shown_on_the_run_page(visit: Visit, server: Server):
     # Prepare: a planned run
     user = server.api()
-    spec, devices = resnet_testbed()
-    spec_id, enrolled = enrol(user, spec, devices[:2])
+    spec, devices = generated_testbed(seed=23, layers=8, devices=2)  # a model of its own
+    spec_id, enrolled = enrol(user, spec, devices)
     run = user.post("/api/runs/", {"name": "interrupted", "model_spec": spec_id,
                                    "devices": [d["id"] for d in enrolled],
                                    "algorithms": ["uniform", "ftpipehd"]}, expect=201)
