@@ -310,9 +310,9 @@ def shared_compute_s(times: Sequence[float], fixed: Sequence[float] | None = Non
     its fixed cost for every micro-batch of the stage, since it applies every update (its
     peers' too: a received gradient decoded and applied, an event, a checkpoint). In a
     period P replica d passes s_d micro-batches of p_d = t_d - f_d and pays f_d, so
-    P = (1 + sum f_d / p_d) / sum 1 / p_d; one device: t. Charged per micro-batch of its own
-    only, the MLP's data-parallel plans on bench/runtime.py measured 0.66-0.71 of the
-    simulation, about 1 ms a micro-batch of the stage short on every replica."""
+    P = (1 + sum f_d / p_d) / sum 1 / p_d; one device: t. (Charged per micro-batch of its own
+    only, real data-parallel runs fell short of the simulation by about the fixed cost of the
+    micro-batches a replica did not pass: docs/benchmarks.md.)"""
     if any(t <= 0 for t in times):
         return 0.0
     if len(times) == 1:
@@ -384,16 +384,10 @@ def needed_inflight(prediction: Prediction, *,
     Without transfers on a balanced pipeline this is PipeDream's D_k = S - k; slow links ask
     for more. A cycle that crosses a link also gets ``LINK_SLACK`` of a period to spare: a link
     carries activations and gradients in turn, and with no backlog it idles while a neighbour
-    computes; and a real link delivers late under load. (On 274 random memory-bound plans
-    simulated for 600 micro-batches, with no slack 2.6% of plans reached under 95% of the
-    predicted throughput, the worst 84%; with 0.2 all reached at least 97.9%, for stashes 20%
-    deeper than S - k on average. Three agents training the MLP on 2 cores delivered gradients
-    milliseconds late, a period or more, now and then: with 0.2 the first stage of a two-stage
-    plan kept 3 micro-batches in flight and waited 0.27-0.33 ms a micro-batch for gradients,
-    with 0.5 it keeps 4 and waited 0.11 ms. On bench/faults.py the MLP's three survivors, with
-    messages taking 0.7-0.9 ms one way where their links predicted 0.5-0.65, kept 5, 3 and 1
-    in flight with 0.5 and trained at 0.74-0.91 of the prediction, every stage waiting 0.4-0.6
-    ms a micro-batch; with 1.0 they keep 7, 4 and 1.)
+    computes; and a real link delivers late under load. Without the slack some random plans
+    fell well short of their predicted throughput in simulation, and real agents on a shared
+    machine waited for late gradients; the figures that chose the slack are in
+    docs/benchmarks.md ("Choices in the cost model").
     """
     times = list(prediction.stage_s if cycle_s is None else cycle_s)
     depths = [1] * len(times)

@@ -119,8 +119,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "timeout": 30,
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
-# Keep connections open between requests (every request and every agent message opened one:
-# in a profile of the web process while three agents trained, connecting took 5% of it).
+# Keep connections open between requests: every request and every agent message opened one,
+# and connecting showed in profiles of the web process while agents trained.
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

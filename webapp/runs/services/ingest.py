@@ -50,9 +50,9 @@ def timeline_events_store(*, run: Run, records: Iterable[TimelineRecord]
                           ) -> list[TimelineRecord]:
     """Store timeline events in bulk; returns the records stored.
 
-    One ``executemany`` per BULK_BATCH rows: the ORM's ``bulk_create`` built a model and
-    compiled its values per event (about 100 us each), which took a third of a core of the web
-    process, on the machine the agents train on, while a busy run streamed its events."""
+    One ``executemany`` per BULK_BATCH rows: the ORM's ``bulk_create`` builds a model and
+    compiles its values per event, which made ingesting a busy run's events a large share of
+    the web process's CPU, on the machine the agents train on."""
     stored = list(records)
     _insert_rows(TimelineEvent, TIMELINE_COLUMNS, [
         (run.pk, e.device, e.stage, e.kind, e.microbatch, e.version, e.start, e.end, e.bytes)
