@@ -121,7 +121,8 @@
     }
 
     function drawGantt(el, gantt) {
-      const labels = gantt.rows.map(function (r) { return r.label; });
+      // tick labels are markup to Plotly: escaped
+      const labels = gantt.rows.map(function (r) { return EP.esc(r.label); });
       const groups = {};
       for (const bar of gantt.bars) {
         const spec = KINDS[bar.kind];

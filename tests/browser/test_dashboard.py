@@ -237,8 +237,11 @@ def test_a_running_run_page_fills_live_from_the_agents_events(visit: Visit, serv
         f"document.getElementById('idle').data[0].y.length === {len(rows)}",
         timeout=LIVE_WITHIN_S)
     page.wait_for_function(
-        "() => (document.getElementById('throughput').data || []).length === 2 && "
+        "() => (document.getElementById('throughput').data || []).length === 3 && "
         "document.getElementById('throughput').data[0].x.length === 4", timeout=LIVE_WITHIN_S)
+    # measured against the chosen plan's prediction (a dashed step line), and the network
+    assert page.evaluate("document.getElementById('throughput').data.map(t => t.name)") == [
+        "samples/s", "predicted (plan)", "network MB/s"]
     assert page.evaluate("document.getElementById('training').data.length") == 2
     # the last batch's fault may come after its metrics: wait for it too
     page.wait_for_function("() => document.getElementById('faults').innerText"

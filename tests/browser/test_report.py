@@ -26,7 +26,7 @@ assert CHROMIUM_ARGS  # the offline tab runs in the session's Chromium, started 
 def report_lab(server: Server) -> tuple[int, list[dict[str, Any]]]:
     """Three generated devices (their own model spec), enrolled and profiled as their agents
     would through the agent API."""
-    spec, devices = generated_testbed(seed=29, layers=8, devices=3)
+    spec, devices = generated_testbed(seed=29, layers=10, devices=3)  # a model of its own
     return enrol(server.api(), spec, devices)
 
 

@@ -40,7 +40,7 @@
   ];
 
   function hoverText(e, label, planned) {
-    return (planned ? "planned " : "") + "<b>" + e.kind + "</b> · micro-batch " + e.microbatch +
+    return (planned ? "planned " : "") + "<b>" + EP.esc(e.kind) + "</b> · micro-batch " + e.microbatch +
       " · v" + e.version + "<br>" + EP.esc(label) + " · stage " + e.stage + "<br>" +
       e.start.toFixed(3) + " – " + e.end.toFixed(3) + " s (" + EP.fmt.seconds(e.end - e.start) + ")" +
       (e.bytes ? "<br>" + EP.fmt.bytes(e.bytes) : "");
@@ -155,12 +155,39 @@
     return shapes;
   }
 
-  /* rowList: stageRows' rows (or {label}); labels are text, never markup */
+  /* A left margin that holds the longest of `texts` (plain text) drawn in the charts' font,
+     `gap` pixels from the plot: Plotly's automargin gives up where its pushes would leave the
+     plot too narrow, and a fixed margin cuts long device names. */
+  function labelMargin(texts, gap) {
+    let widest = 0;
+    for (const text of texts) widest = Math.max(widest, EP.textWidth(text, EP.plotFont));
+    return Math.max(60, Math.ceil(widest) + gap + 8);
+  }
+
+  /* Row labels that fit a chart `width` px wide (0: unknown) in at most three fifths of it, each
+     cut short with "…" where it is longer (the hover of its bars names it whole), and the left
+     margin that holds them `gap` px from the plot. */
+  function fitLabels(texts, gap, width) {
+    const room = width > 0 ? Math.max(80, 0.6 * width) - gap - 8 : Infinity;
+    const fits = function (text) { return EP.textWidth(text, EP.plotFont) <= room; };
+    const labels = texts.map(function (text) {
+      let cut = String(text);
+      if (fits(cut)) return cut;
+      while (cut.length > 1 && !fits(cut + "…")) cut = cut.slice(0, -1);
+      return cut.trimEnd() + "…";
+    });
+    return { labels: labels, margin: labelMargin(labels, gap) };
+  }
+
+  /* rowList: stageRows' rows (or {label}); labels are text, never markup. opts: {height,
+     width (the chart's, to fit the labels in), legend, xrange, uirevision} */
   function ganttLayout(rowList, opts) {
     const range = [rowList.length - 0.45, -0.7];
+    // the labels stand 13 px off the plot, clear of the replicas' bracket
+    const fitted = fitLabels(rowList.map(function (r) { return r.label; }), 13, opts.width || 0);
     return {
       height: opts.height,
-      margin: { l: 110, r: 16, t: opts.legend === false ? 8 : 30, b: 40 },
+      margin: { l: fitted.margin, r: 16, t: opts.legend === false ? 8 : 30, b: 40 },
       font: EP.plotFont,
       hovermode: "closest",
       hoverdistance: 12,
@@ -171,7 +198,7 @@
       yaxis: {
         range: range, tickmode: "array",
         tickvals: rowList.map(function (_, i) { return i; }),
-        ticktext: rowList.map(function (r) { return EP.esc(r.label); }),
+        ticktext: fitted.labels.map(EP.esc),
         zeroline: false, showgrid: false, fixedrange: true, automargin: true, ticklabelstandoff: 13,
       },
       shapes: stageShapes(rowList.map(function (r) {
@@ -230,18 +257,18 @@
   function trainingLayout(opts) {
     const range = opts.traces ? logRange(opts.traces) : undefined;
     return {
-      height: opts.height || 240, font: EP.plotFont, margin: { l: 60, r: 16, t: 8, b: 70 },
+      height: opts.height || 240, font: EP.plotFont, margin: { l: 60, r: 16, t: 8, b: 44 },
       xaxis: { title: { text: "episode", font: { size: 11 } }, gridcolor: "#eef2f7", rangemode: "tozero" },
       yaxis: { title: { text: "step time (s) = reward²", font: { size: 11 } }, type: "log",
                gridcolor: "#eef2f7", range: range, autorange: range ? false : true },
-      legend: { orientation: "h", y: -0.35, font: { size: 11 } },
+      legend: EP.legendAbove(),
       plot_bgcolor: "#fff", paper_bgcolor: "#fff", uirevision: opts.uirevision,
     };
   }
 
   EP.charts = {
     KINDS: KINDS, IDLE: IDLE, ganttTraces: ganttTraces, ganttLayout: ganttLayout, rowHeight: rowHeight,
-    stageRows: stageRows,
+    stageRows: stageRows, labelMargin: labelMargin,
     trainingTraces: trainingTraces, trainingLayout: trainingLayout,
   };
 })();

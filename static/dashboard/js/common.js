@@ -116,11 +116,25 @@
     return el;
   };
 
-  /* text for Plotly's hover labels, which take HTML */
+  /* text for Plotly's strings (labels, legends, hovers, annotations), which take a subset of
+     HTML: every name a person or an agent chose goes through this first */
   EP.esc = function (text) {
     return String(text).replace(/[&<>"]/g, function (c) {
       return { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" }[c];
     });
+  };
+
+  /* "1 stage", "2 stages" (webapp.dashboard.selectors.plural) */
+  EP.plural = function (count, word, words) {
+    return count + " " + (count === 1 ? word : words || word + "s");
+  };
+
+  /* the width in pixels of text in a font ({family, size}), as the page draws it */
+  let measure = null;
+  EP.textWidth = function (text, font) {
+    measure = measure || document.createElement("canvas").getContext("2d");
+    measure.font = font.size + "px " + font.family;
+    return measure.measureText(String(text)).width;
   };
 
   /* Show an API 400's errors ({errors: [{field, reason}]}) under the form's fields: each
@@ -260,6 +274,14 @@
 
   EP.plotConfig = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["lasso2d", "select2d"] };
   EP.plotFont = { family: "system-ui, -apple-system, Segoe UI, Roboto, sans-serif", size: 12, color: "#334155" };
+
+  /* A legend in rows above the plot (Plotly widens the top margin to hold them): under the
+     plot, at a fraction of its height, it lands on the x axis's title whenever the chart is
+     short or the legend wraps. */
+  EP.legendAbove = function () {
+    return { orientation: "h", x: 0, xanchor: "left", y: 1.02, yanchor: "bottom",
+             font: { size: 11 }, traceorder: "normal" };
+  };
 
   /* confirm() before submitting forms and buttons marked data-confirm */
   document.addEventListener("submit", function (event) {

@@ -14,9 +14,9 @@
     return;
   }
   Plotly.react(chart, traces, {
-    height: 320, margin: { l: 60, r: 20, t: 10, b: 50 },
+    height: 340, margin: { l: 60, r: 20, t: 10, b: 44 },
     xaxis: { title: { text: "seconds since the run started" } },
     yaxis: { title: { text: "samples/s" }, rangemode: "tozero" },
-    legend: { orientation: "h", y: -0.25 },
+    legend: EP.legendAbove(),
   }, EP.plotConfig);
 })();

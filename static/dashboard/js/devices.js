@@ -256,11 +256,12 @@
   function renderProfile() {
     if (!profiles || !profiles.length) return;
     const p = profiles.find(function (x) { return String(x.id) === pick.value; }) || profiles[0];
-    const names = p.layers.map(function (la, i) { return i + " " + la.name; });
+    // category labels are markup to Plotly: a layer's name is the profile's text, escaped
+    const names = p.layers.map(function (la, i) { return EP.esc(i + " " + la.name); });
     const kinds = p.layers.map(function (la) { return la.kind; });
     const trace = function (key, name, color) {
       return {
-        type: "bar", name: name, x: names, marker: { color: color }, customdata: kinds,
+        type: "bar", name: name, x: names, marker: { color: color }, customdata: kinds.map(EP.esc),
         y: p.layers.map(function (la) { return la[key] * 1000; }),
         hovertemplate: "%{x} (%{customdata})<br>" + name + ": %{y:.3f} ms<extra></extra>",
       };

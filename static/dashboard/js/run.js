@@ -5,7 +5,9 @@
    snapshot every 2 s. A learned planner (TAPP) saves its training curve on its plan as it
    learns; the page draws it from the plan events or those snapshots. The Gantts have a row
    per device in pipeline order, a stage's replicas side by side: the stages of the newest
-   re-partition, else of the chosen plan (its layout: fetched with the plans' comparison). */
+   re-partition, else of the chosen plan (its layout: fetched with the plans' comparison).
+   The devices table's status and the throughput chart's predicted line follow the fault
+   events, noted one by one as they arrive. */
 (function () {
   "use strict";
   const EP = window.EdgePipe;
@@ -30,6 +32,11 @@
   const trainingDrawn = {}; // plan id -> what its training chart shows (status and episodes)
   let compareKey = "";
   let lastCompare = null;
+  /* What the fault events say, kept event by event (a snapshot starts them again), so that a
+     redraw never walks every fault: each device's newest loss or return, and the throughput
+     each re-partition predicts, in time order. */
+  const membership = {}; // uid -> {at, kind} of its newest device_lost or device_joined
+  let predictions = []; // [{at, sps}]
 
   const $ = function (id) { return document.getElementById(id); };
 
@@ -39,12 +46,20 @@
     if (msg.type === "snapshot") {
       snap = msg;
       EP.runPage.snapshots += 1;
-      ["run", "plans", "timeline", "metrics", "faults", "idle"].forEach(function (k) { dirty.add(k); });
+      for (const uid of Object.keys(membership)) delete membership[uid];
+      predictions = [];
+      noteFaults(snap.faults);
+      ["run", "plans", "timeline", "metrics", "faults", "idle", "devices", "prediction"].forEach(function (k) {
+        dirty.add(k);
+      });
     } else if (EP.live.RUN_DELTAS.indexOf(msg.type) >= 0) {
       if (!snap) return; // a delta before the first snapshot: the snapshot will include it
       snap = EP.live.applyRun(snap, msg);
       dirty.add(msg.type === "plan" ? "plans" : msg.type);
-      if (msg.type === "run") dirty.add("plans");
+      // the run carries its devices' status and its chosen plan; a plan, its prediction
+      if (msg.type === "run") ["plans", "devices", "prediction"].forEach(function (k) { dirty.add(k); });
+      if (msg.type === "plan") dirty.add("prediction");
+      if (msg.type === "faults") noteFaults(msg.events);
     } else if (msg.type === "error") {
       EP.toast(msg.detail, "error");
       return;
@@ -81,8 +96,9 @@
     if (what.has("plans") || what.has("run")) renderPlans();
     if (what.has("timeline") || what.has("faults") || what.has("run") || what.has("layouts")) renderGantt();
     if (what.has("idle") || what.has("layouts")) renderIdle();
-    if (what.has("metrics")) renderMetrics();
+    if (what.has("metrics") || what.has("prediction")) renderMetrics();
     if (what.has("faults")) renderFaults();
+    if (what.has("devices")) renderDeviceStatus();
     // an unfinished recovery's bar grows with the run's clock
     if (what.has("faults") || (what.has("timeline") && recoveryUnderWay)) renderRecoveries();
   }, RENDER_EVERY_MS);
@@ -384,9 +400,11 @@
     gantt.forEach(function (r, i) { rows[r.device] = i; rowLabels[r.device] = r.label; });
     const px = EP.charts.rowHeight(gantt.length);
     const traces = EP.charts.ganttTraces(t.events, rows, { rowPx: px, labels: rowLabels });
-    const layout = EP.charts.ganttLayout(gantt, { height: px * gantt.length + 60, legend: false });
+    const layout = EP.charts.ganttLayout(gantt, { height: px * gantt.length + 60, legend: false,
+                                                  width: chart.clientWidth });
     layout.margin.b = 30;
-    layout.xaxis.title.text = t.batches + " batches · " + t.microbatches + " micro-batches · " +
+    layout.xaxis.title.text = EP.plural(t.batches, "batch", "batches") + " · " +
+      EP.plural(t.microbatches, "micro-batch", "micro-batches") + " · " +
       fmt.num(t.throughput_sps) + " samples/s simulated";
     Plotly.react(chart, traces, layout, Object.assign({}, EP.plotConfig, { displayModeBar: false }));
   }
@@ -398,7 +416,7 @@
     const n = episodesOf(plan);
     let best = null;
     for (let i = n - 1; i >= 0 && best === null; i -= 1) best = t.best_reward[i];
-    const text = plan.status === "running" ? "episode " + t.episodes[n - 1] : n + " episodes";
+    const text = plan.status === "running" ? "episode " + t.episodes[n - 1] : EP.plural(n, "episode");
     return text + (best === null ? " · nothing fits yet" : " · best step " + fmt.seconds(best * best));
   }
 
@@ -495,7 +513,7 @@
     const traces = EP.charts.ganttTraces(ghosts.events, gantt.index, Object.assign({ ghost: true }, opts))
       .concat(EP.charts.ganttTraces(snap.timeline, gantt.index, opts));
     const layout = EP.charts.ganttLayout(gantt.rows, {
-      height: px * gantt.rows.length + 90, xrange: range, uirevision: "live",
+      height: px * gantt.rows.length + 90, xrange: range, uirevision: "live", width: chart.clientWidth,
     });
     const marks = snap.faults.filter(function (f) { return f.at >= range[0] && f.at <= range[1]; });
     const labelled = marks.filter(function (f) { return f.kind in MARK_LABELS; });
@@ -522,7 +540,7 @@
         marker: { symbol: "triangle-down", size: 12,
                   color: marks.map(function (f) { return markStyle(f.kind).color; }) },
         text: marks.map(function (f) {
-          return "<b>" + f.kind + "</b>" + (f.device ? " · " + EP.esc(labels[f.device] || f.device) : "") +
+          return "<b>" + EP.esc(f.kind) + "</b>" + (f.device ? " · " + EP.esc(labels[f.device] || f.device) : "") +
             "<br>at " + f.at.toFixed(3) + " s" + (f.detail && Object.keys(f.detail).length
               ? "<br>" + EP.esc(JSON.stringify(f.detail)) : "");
         }),
@@ -548,12 +566,17 @@
   };
   const MARK_LABELS = { device_lost: "lost", repartitioned: "re-planned", recovered: "resumed" };
   const MAX_MARK_LABELS = 40;
+  // a label runs down from the top of the Gantt: a long device name would run off its foot
+  // (the mark's hover names it whole)
+  const MARK_NAME_CHARS = 20;
+
+  function shortened(text, chars) { return text.length > chars ? text.slice(0, chars - 1) + "…" : text; }
 
   function markStyle(kind) { return MARK_STYLES[kind] || { color: "#64748b", dash: "dot" }; }
 
   function markLabel(f) {
     const d = f.detail || {};
-    if (f.kind === "device_lost") return "lost " + (labels[f.device] || f.device || "a device");
+    if (f.kind === "device_lost") return "lost " + shortened(labels[f.device] || f.device || "a device", MARK_NAME_CHARS);
     const generation = d.generation === undefined ? "" : " · gen " + d.generation;
     if (f.kind === "repartitioned") return "re-planned" + (d.cause === "dynamic" ? " (dynamic)" : "") + generation;
     return MARK_LABELS[f.kind] + generation;
@@ -602,8 +625,9 @@
     const gantt = ganttRows();
     const order = gantt.rows.map(function (r) { return r.device; }).filter(function (d) { return d in idle.devices; })
       .concat(devices.filter(function (d) { return !(d in gantt.index); }).sort());
+    const plain = order.map(function (d) { return gantt.labels[d] || labels[d] || d; });
     // category labels are markup to Plotly: escaped
-    const names = order.map(function (d) { return EP.esc(gantt.labels[d] || labels[d] || d); });
+    const names = plain.map(EP.esc);
     const length = Math.max(1e-9, idle.window[1] - idle.window[0]);
     const traces = EP.charts.IDLE.map(function (part) {
       return {
@@ -617,10 +641,10 @@
     $("idle-window").textContent = "run time " + idle.window[0].toFixed(1) + "–" + idle.window[1].toFixed(1) + " s";
     Plotly.react($("idle"), traces, {
       barmode: "stack", height: 70 + 34 * order.length + 40, font: EP.plotFont,
-      margin: { l: 110, r: 16, t: 6, b: 60 },
+      margin: { l: EP.charts.labelMargin(plain, 4), r: 16, t: 6, b: 44 },
       xaxis: { title: { text: "seconds of the window", font: { size: 11 } }, gridcolor: "#eef2f7" },
       yaxis: { autorange: "reversed", fixedrange: true, automargin: true },
-      legend: { orientation: "h", y: -0.35, font: { size: 11 }, traceorder: "normal" },
+      legend: EP.legendAbove(),
       plot_bgcolor: "#fff", paper_bgcolor: "#fff", uirevision: "idle",
     }, EP.plotConfig);
   }
@@ -651,20 +675,96 @@
 
   function metricLayout(left, right) {
     return {
-      height: 280, font: EP.plotFont, margin: { l: 60, r: 60, t: 8, b: 70 },
+      height: 280, font: EP.plotFont, margin: { l: 60, r: 60, t: 8, b: 44 },
       xaxis: { title: { text: "seconds since the run started", font: { size: 11 } }, gridcolor: "#eef2f7" },
       yaxis: { title: { text: left, font: { size: 11 } }, gridcolor: "#eef2f7", rangemode: "tozero" },
       yaxis2: { title: { text: right, font: { size: 11 } }, overlaying: "y", side: "right", rangemode: "tozero",
                 showgrid: false },
-      legend: { orientation: "h", y: -0.3, font: { size: 11 } },
+      legend: EP.legendAbove(),
       plot_bgcolor: "#fff", paper_bgcolor: "#fff", uirevision: left,
     };
   }
 
+  /* the notes of each re-partition's predicted throughput, in time order (a delta may repeat
+     what the snapshot holds), and of each device's newest loss or return (on a tie in time,
+     the loss: the order the server sorts faults in) */
+  function noteFaults(faults) {
+    for (const f of faults) {
+      const detail = f.detail || {};
+      if (f.kind === "repartitioned" && typeof detail.predicted_throughput_sps === "number") {
+        let i = predictions.length;
+        while (i > 0 && predictions[i - 1].at > f.at) i -= 1;
+        const twin = i > 0 && predictions[i - 1].at === f.at && predictions[i - 1].sps === detail.predicted_throughput_sps;
+        if (!twin) predictions.splice(i, 0, { at: f.at, sps: detail.predicted_throughput_sps });
+        dirty.add("prediction");
+      } else if ((f.kind === "device_lost" || f.kind === "device_joined") && f.device) {
+        const last = membership[f.device];
+        if (!last || f.at > last.at || (f.at === last.at && f.kind > last.kind)) {
+          membership[f.device] = { at: f.at, kind: f.kind };
+          dirty.add("devices");
+        }
+      }
+    }
+  }
+
+  /* the throughput the chosen plan predicts, null before one is chosen (or computed) */
+  function chosenPrediction() {
+    const id = snap.run.chosen_plan;
+    const plan = id === null ? null : snap.plans.find(function (p) { return p.id === id; });
+    return plan && typeof plan.throughput_sps === "number" ? plan.throughput_sps : null;
+  }
+
+  /* The throughput predicted for the plan being trained from x0 to x1 s, as a step line: the
+     chosen plan's, then from each re-partition on, its new plan's. */
+  function predictedTrace(x0, x1) {
+    // the first re-partition after x0 (binary search: there may be one every few batches)
+    let lo = 0;
+    let hi = predictions.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >> 1;
+      if (predictions[mid].at <= x0) lo = mid + 1; else hi = mid;
+    }
+    let value = lo > 0 ? predictions[lo - 1].sps : chosenPrediction();
+    const x = [];
+    const y = [];
+    if (value !== null) { x.push(x0); y.push(value); }
+    for (let i = lo; i < predictions.length && predictions[i].at <= x1; i += 1) {
+      value = predictions[i].sps;
+      x.push(predictions[i].at);
+      y.push(value);
+    }
+    if (!x.length) return null;
+    x.push(x1);
+    y.push(value);
+    return {
+      type: "scatter", mode: "lines", x: x, y: y, yaxis: "y", name: "predicted (plan)",
+      line: { width: 1.5, dash: "dash", shape: "hv", color: "#475569" },
+      hovertemplate: "%{y:.4g} samples/s<extra>predicted</extra>",
+    };
+  }
+
+  /* the time span of groups of series (each in time order): [first, last] */
+  function spanOf(groups) {
+    let first = Infinity;
+    let last = -Infinity;
+    for (const device of Object.keys(groups)) {
+      const x = groups[device].x;
+      first = Math.min(first, x[0]);
+      last = Math.max(last, x[x.length - 1]);
+    }
+    return first <= last ? [first, last] : null;
+  }
+
+  const ACCURACY_TICKS = [0, 0.2, 0.4, 0.6, 0.8, 1];
+
   function renderMetrics() {
     const points = snap.metrics;
-    const speed = lineTraces(series(points, "throughput_sps", 1), "samples/s", "y")
-      .concat(lineTraces(series(points, "network_bps", 1e-6), "network MB/s", "y2", "dot"));
+    const measured = series(points, "throughput_sps", 1);
+    const speed = lineTraces(measured, "samples/s", "y");
+    const span = spanOf(measured);
+    const predicted = span ? predictedTrace(span[0], span[1]) : null;
+    if (predicted) speed.push(predicted);
+    speed.push.apply(speed, lineTraces(series(points, "network_bps", 1e-6), "network MB/s", "y2", "dot"));
     $("throughput-empty").hidden = speed.length > 0;
     $("throughput").hidden = speed.length === 0;
     if (speed.length) Plotly.react($("throughput"), speed, metricLayout("samples/s", "network MB/s"), EP.plotConfig);
@@ -673,9 +773,13 @@
     $("training-empty").hidden = learning.length > 0;
     $("training").hidden = learning.length === 0;
     if (learning.length) {
-      const layout = metricLayout("loss", "accuracy");
-      layout.yaxis2.range = [0, 1];
-      layout.yaxis2.tickformat = ".0%";
+      const layout = metricLayout("loss (log)", "accuracy");
+      // the loss falls by decades; accuracy is a share, on the whole of its scale
+      layout.yaxis.type = "log";
+      delete layout.yaxis.rangemode;
+      Object.assign(layout.yaxis2, { range: [0, 1], autorange: false, tickmode: "array",
+                                     tickvals: ACCURACY_TICKS, tickformat: ".0%" });
+      delete layout.yaxis2.rangemode;
       Plotly.react($("training"), learning, layout, EP.plotConfig);
     }
   }
@@ -687,17 +791,47 @@
     const faults = snap.faults;
     $("faults-empty").hidden = faults.length > 0;
     $("faults-table").hidden = faults.length === 0;
-    $("faults-count").textContent = faults.length ? faults.length + (faults.length === 1 ? " event" : " events") : "";
+    $("faults-count").textContent = faults.length ? EP.plural(faults.length, "event") : "";
     body.replaceChildren();
     for (let i = faults.length - 1; i >= 0; i -= 1) {
       const f = faults[i];
-      const detail = f.detail && Object.keys(f.detail).length ? JSON.stringify(f.detail) : "";
+      const keys = f.detail ? Object.keys(f.detail) : [];
       body.append(h("tr", null,
         h("td", { class: "at" }, f.at.toFixed(3) + " s"),
         h("td", { class: "kind-" + f.kind }, f.kind.replace(/_/g, " ")),
         h("td", null, f.device ? (labels[f.device] || f.device) : "run"),
-        h("td", { class: "mono small" }, detail)));
+        h("td", { class: "detail small", title: keys.length ? JSON.stringify(f.detail, null, 1) : null },
+          detailView(f.detail, keys))));
     }
+  }
+
+  const SHORT_JSON = 60;
+
+  /* a value of a fault's detail in words: device uids by name, a plan's stages as its
+     pipeline, anything else nested as JSON cut short (the cell's title holds it whole) */
+  function detailValue(key, value) {
+    if (value === null || value === undefined) return "–";
+    if (key === "stages" && Array.isArray(value)) {
+      return value.map(function (st) {
+        if (!st || typeof st !== "object") return String(st);
+        return groupText(st) + (Array.isArray(st.layers) ? " [" + st.layers.join("–") + "]" : "");
+      }).join(" → ");
+    }
+    if (typeof value === "string") return labels[value] || value;
+    if (Array.isArray(value) && value.every(function (v) { return typeof v !== "object" || v === null; })) {
+      return value.length ? value.map(function (v) { return labels[v] || String(v); }).join(", ") : "none";
+    }
+    if (typeof value !== "object") return String(value);
+    return shortened(JSON.stringify(value), SHORT_JSON);
+  }
+
+  function detailView(detail, keys) {
+    const box = h("span");
+    keys.forEach(function (key, i) {
+      if (i) box.append(h("span", { class: "muted" }, " · "));
+      box.append(h("span", { class: "kv" }, h("span", { class: "muted" }, key + ": "), detailValue(key, detail[key])));
+    });
+    return box;
   }
   /* ---------------------------------------------------------------- recoveries */
 
@@ -790,8 +924,8 @@
     const failures = list.filter(function (r) { return r.cause === "failure"; }).length;
     const moved = list.filter(function (r) { return r.cause === "dynamic" && r.moved; }).length;
     const skipped = list.length - failures - moved;
-    $("recoveries-hint").textContent = failures + (failures === 1 ? " recovery" : " recoveries") + " · " +
-      moved + " dynamic re-partition" + (moved === 1 ? "" : "s") + " · " + skipped + " skipped";
+    $("recoveries-hint").textContent = EP.plural(failures, "recovery", "recoveries") + " · " +
+      EP.plural(moved, "dynamic re-partition") + " · " + skipped + " skipped";
     const table = $("recoveries-table");
     for (const old of Array.from(table.tBodies)) old.remove();
     // every recovery and re-partition; of the checks that kept the plan (one every
@@ -801,12 +935,12 @@
     if (checks.length > shown.size) {
       const hidden = checks.length - shown.size;
       table.append(h("tbody", { class: "more" }, h("tr", null, h("td", { colspan: 9, class: "small muted" },
-        hidden + " earlier check" + (hidden === 1 ? "" : "s") + " kept the plan (each on the chart above)"))));
+        EP.plural(hidden, "earlier check") + " kept the plan (each on the chart above)"))));
     }
     list.forEach(function (r, i) {
       if (!r.moved && !shown.has(r)) return;
       const moved = r.bytes_moved === null ? null : fmt.bytes(r.bytes_moved) +
-        (r.transfers === null ? "" : " in " + r.transfers + " transfer" + (r.transfers === 1 ? "" : "s"));
+        (r.transfers === null ? "" : " in " + EP.plural(r.transfers, "transfer"));
       const plan = newPlan(r);
       const worth = breakEven(r);
       // one tbody per recovery: its phases, then what it moved to (and why, for a dynamic one)
@@ -839,9 +973,11 @@
      row, each with its break-even */
   function renderRecoveryChart(list) {
     const rows = [];
+    const plain = [];
     const moves = list.filter(function (r) { return r.moved; });
     // category labels are markup to Plotly: escaped (device names are anyone's text)
-    moves.forEach(function (r) { rows.push(EP.esc(recoveryLabel(r, list.indexOf(r)))); });
+    moves.forEach(function (r) { plain.push(recoveryLabel(r, list.indexOf(r))); });
+    plain.forEach(function (label) { rows.push(EP.esc(label)); });
     const now = newestTime();
     const traces = PHASES.map(function (phase) {
       const trace = { type: "bar", orientation: "h", name: phase.label, x: [], base: [], y: [], text: [],
@@ -869,6 +1005,7 @@
     if (checks.length) {
       const row = "dynamic checks (kept the plan)";
       rows.push(row);
+      plain.push(row);
       traces.push({
         type: "scatter", mode: "markers", name: "re-partition not worth it",
         x: checks.map(function (r) { return r.replanned_s; }), y: checks.map(function () { return row; }),
@@ -882,12 +1019,13 @@
       });
     }
     Plotly.react($("recoveries-chart"), traces, {
-      barmode: "overlay", height: 90 + 34 * rows.length, font: EP.plotFont,
-      margin: { l: 200, r: 16, t: 8, b: 60 },
+      barmode: "overlay", height: 110 + 34 * rows.length, font: EP.plotFont,
+      margin: { l: EP.charts.labelMargin(plain, 4), r: 16, t: 8, b: 44 },
       xaxis: { title: { text: "seconds since the run started", font: { size: 11 } }, gridcolor: "#eef2f7",
                rangemode: "tozero" },
-      yaxis: { autorange: "reversed", fixedrange: true, type: "category", categoryorder: "array", categoryarray: rows },
-      legend: { orientation: "h", y: -0.35, font: { size: 11 } },
+      yaxis: { autorange: "reversed", fixedrange: true, type: "category", categoryorder: "array", categoryarray: rows,
+               automargin: true },
+      legend: EP.legendAbove(),
       plot_bgcolor: "#fff", paper_bgcolor: "#fff", uirevision: "recoveries",
     }, Object.assign({}, EP.plotConfig, { displayModeBar: false }));
   }
@@ -904,8 +1042,28 @@
     }
     for (const cell of document.querySelectorAll("[data-lost-for]")) {
       const uid = cell.getAttribute("data-lost-for");
-      cell.textContent = lost[uid] || "–";
-      cell.classList.toggle("kind-device_lost", Boolean(lost[uid]));
+      const back = membership[uid] && membership[uid].kind === "device_joined" ? membership[uid].at : null;
+      cell.textContent = lost[uid] ? lost[uid] + (back === null ? "" : "; rejoined at " + back.toFixed(1) + " s") : "–";
+      cell.classList.toggle("kind-device_lost", Boolean(lost[uid]) && back === null);
+    }
+  }
+
+  /* The devices table's Status: the device's as the run last reported it, "lost" from its
+     loss until it joins again (a device that joined reads online, whatever the run said of it
+     before). */
+  function renderDeviceStatus() {
+    const reported = {};
+    for (const d of cfg.devices) reported[d.device] = d.status;
+    for (const d of snap.run.devices || []) reported[d.uid] = d.status;
+    for (const cell of document.querySelectorAll("[data-status-for]")) {
+      const uid = cell.getAttribute("data-status-for");
+      const last = membership[uid];
+      let status = reported[uid];
+      if (last && last.kind === "device_lost") status = "lost";
+      else if (last && status === "offline") status = "online";
+      const badge = EP.badge(status);
+      if (last) badge.title = (last.kind === "device_lost" ? "lost at " : "joined again at ") + last.at.toFixed(1) + " s";
+      cell.replaceChildren(badge);
     }
   }
 

@@ -211,6 +211,14 @@ def test_a_synchronous_run_page_shows_neither_vertical_sync_nor_aggregation(
     assert f"{run.model_spec} · {schedule} · " in html and "vertical sync" not in html
 
 
+@pytest.mark.parametrize(("microbatches", "batches", "says"), [
+    (1, 1, "1 micro-batch × 1 batch ·"), (4, 10, "4 micro-batches × 10 batches ·")])
+def test_a_run_page_counts_in_words_that_agree(browser: Client, microbatches, batches, says):
+    run = RunFactory(microbatches=microbatches, batches=batches)
+    html = unescape(browser.get(f"/runs/{run.pk}/").content.decode())
+    assert says in html
+
+
 def test_the_run_form_makes_a_synchronous_1f1b_run(browser: Client, profiled):
     spec, devices = profiled
     page = browser.get("/runs/new/").content.decode()

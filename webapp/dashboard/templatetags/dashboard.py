@@ -11,6 +11,7 @@ from django.utils import timezone
 from django.utils.timesince import timesince
 
 from orchestrator.formats import synchronous
+from webapp.dashboard.selectors import plural as plural_words
 
 register = template.Library()
 
@@ -78,6 +79,14 @@ def label(key: str) -> str:
     memory``."""
     words = str(key).replace("_", " ")
     return words.upper() if len(words) <= 3 else words[:1].upper() + words[1:]
+
+
+@register.filter
+def plural(count: Any, words: str) -> str:
+    """A count in words: ``{{ n|plural:"stage" }}`` is ``1 stage`` or ``2 stages``,
+    ``{{ n|plural:"batch,batches" }}`` names the plural."""
+    word, _, many = words.partition(",")
+    return plural_words(count, word, many or None)
 
 
 @register.filter
