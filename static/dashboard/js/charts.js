@@ -7,7 +7,7 @@
    ghosts, under those the aggregation lane (all-reduce among a stage's replicas, weight
    averaging: it runs beside the compute under 1F1B, so it has a lane of its own), then the
    transfers (send, recv, replicate, load). Hovering a bar tells its kind, micro-batch, stage
-   and times. */
+   and times; hovering a send or a receive draws an arrow from the send to its receive. */
 (function () {
   "use strict";
   const EP = (window.EdgePipe = window.EdgePipe || {});
@@ -63,6 +63,8 @@
       g.x.push(e.start, (e.start + e.end) / 2, e.end, null);
       g.y.push(y, y, y, null);
       g.text.push(t, t, t, null);
+      if (!g.events) g.events = [];
+      g.events.push(e, e, e, null);
     }
     const traces = [];
     for (const kind of Object.keys(KINDS)) {
@@ -72,6 +74,7 @@
         type: "scatter", mode: "lines", x: g.x, y: g.y, text: g.text,
         hovertemplate: "%{text}<extra></extra>",
         line: { color: KINDS[kind].color, width: Math.max(2, opts.rowPx * LANES[g.lane].width) },
+        meta: { events: g.events }, // the event of each point: flowOf finds a transfer's other end
         opacity: opts.ghost ? 0.38 : 1,
         name: opts.ghost ? "planned " + kind : KINDS[kind].label,
         legendgroup: opts.ghost ? "planned" : kind,
@@ -80,6 +83,38 @@
       });
     }
     return traces;
+  }
+
+  /* The other end of a transfer: for a send, the receive of the same micro-batch on a
+     neighbouring stage that ends first after the send began (a forward's activation goes to
+     the next stage, a backward's gradient to the previous one, much later); for a receive,
+     the send it took, on a neighbouring stage, that began last before the receive ended. Null
+     for other kinds or when the other end is not among `events`. */
+  function flowOf(e, events) {
+    if (!e || (e.kind !== "send" && e.kind !== "recv")) return null;
+    const other = e.kind === "send" ? "recv" : "send";
+    let best = null;
+    for (const c of events) {
+      if (c.kind !== other || c.microbatch !== e.microbatch || c.device === e.device ||
+          Math.abs(c.stage - e.stage) !== 1) continue;
+      if (e.kind === "send") {
+        if (c.end >= e.start && (best === null || c.end < best.end)) best = c;
+      } else if (c.start <= e.end && (best === null || c.start > best.start)) {
+        best = c;
+      }
+    }
+    return best;
+  }
+
+  /* The arrow a Gantt draws from a send to its receive (Plotly annotation, data coordinates);
+     rows: {uid: row index} */
+  function flowArrow(send, recv, rows) {
+    const y = function (e) { return rows[e.device] + LANES.comm.y; };
+    return {
+      x: recv.end, y: y(recv), ax: send.start, ay: y(send), xref: "x", yref: "y", axref: "x",
+      ayref: "y", showarrow: true, arrowhead: 2, arrowsize: 1.2, arrowwidth: 1.5,
+      arrowcolor: "#0f172a", text: "", name: "flow",
+    };
   }
 
   /* A Gantt's rows: the devices of each stage in pipeline order (stages: [{devices: [uid]}]),
@@ -268,6 +303,7 @@
 
   EP.charts = {
     KINDS: KINDS, IDLE: IDLE, ganttTraces: ganttTraces, ganttLayout: ganttLayout, rowHeight: rowHeight,
+    flowOf: flowOf, flowArrow: flowArrow,
     stageRows: stageRows, labelMargin: labelMargin,
     trainingTraces: trainingTraces, trainingLayout: trainingLayout,
   };

@@ -523,6 +523,9 @@
       layout.shapes.push({ type: "line", x0: f.at, x1: f.at, yref: "paper", y0: 0, y1: 1,
                            line: { color: style.color, width: 1.5, dash: style.dash } });
     }
+    if (flow && flow.send.device in gantt.index && flow.recv.device in gantt.index) {
+      layout.annotations.push(EP.charts.flowArrow(flow.send, flow.recv, gantt.index));
+    }
     if (labelled.length <= MAX_MARK_LABELS) {
       for (const f of labelled) {
         layout.annotations.push({
@@ -582,10 +585,47 @@
     return MARK_LABELS[f.kind] + generation;
   }
 
+  /* hovering a send or a receive on the live Gantt: an arrow from the send to its receive
+     (found among the events the page holds), kept through redraws until the pointer leaves
+     the bar. Moving from one bar to another unhovers the first, then hovers the second: both
+     only set `flow`, and one relayout on the next frame draws whichever came last. */
+  let flow = null;
+  let flowFrame = 0;
+
+  function showFlow(ev) {
+    const point = ev.points && ev.points[0];
+    const events = point && point.data.meta && point.data.meta.events;
+    const e = events ? events[point.pointNumber] : null;
+    const other = EP.charts.flowOf(e, snap.timeline);
+    flow = !other ? null : e.kind === "send" ? { send: e, recv: other } : { send: other, recv: e };
+    scheduleFlow();
+  }
+
+  function hideFlow() {
+    flow = null;
+    scheduleFlow();
+  }
+
+  function scheduleFlow() {
+    if (!flowFrame) flowFrame = window.requestAnimationFrame(drawFlow);
+  }
+
+  function drawFlow() {
+    flowFrame = 0;
+    const gd = $("gantt");
+    const annotations = gd.layout.annotations || [];
+    const kept = annotations.filter(function (a) { return a.name !== "flow"; });
+    const arrow = flow ? [EP.charts.flowArrow(flow.send, flow.recv, ganttRows().index)] : [];
+    if (kept.length === annotations.length && arrow.length === 0) return;
+    Plotly.relayout(gd, { annotations: kept.concat(arrow) });
+  }
+
   let zoomBound = false;
   function bindGanttZoom() {
     if (zoomBound) return;
     zoomBound = true;
+    $("gantt").on("plotly_hover", showFlow);
+    $("gantt").on("plotly_unhover", hideFlow);
     $("gantt").on("plotly_relayout", function (ev) {
       if (ev["xaxis.range[0]"] !== undefined) {
         view.follow = false;

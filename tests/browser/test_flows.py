@@ -1,0 +1,83 @@
+"""The live Gantt's flows, in a real Chromium against a real server: the pointer on a send
+draws an arrow from it to the receive of the same micro-batch on the neighbouring stage (a
+forward's activation to the next stage, a backward's gradient to the previous one), and the
+arrow goes when the pointer leaves. Screenshot in tests/artifacts/."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.browser.conftest import ARTIFACTS, Server, Visit
+from tests.browser.test_dashboard import LIVE_WITHIN_S, agent_client
+from tests.browser.test_faults import starting_run
+from tests.webapp.integration.stack import enrol, generated_testbed
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
+
+
+def transfer(run: int, uid: str, stage: int, kind: str, microbatch: int, start: float,
+             end: float) -> dict[str, Any]:
+    return {"run": run, "device": uid, "stage": stage, "kind": kind, "microbatch": microbatch,
+            "version": 0, "start": start, "end": end, "bytes": 4096}
+
+
+# the pointer onto the middle of a device's send of micro-batch 1 that begins at `start`
+HOVER = """([uid, start]) => {
+  const gd = document.getElementById('gantt');
+  const trace = gd.data.findIndex(t => t.name === 'send');
+  const events = gd.data[trace].meta.events;
+  const k = events.findIndex(e => e && e.device === uid && e.microbatch === 1 && e.start === start);
+  const fl = gd._fullLayout, box = gd.getBoundingClientRect();
+  return [box.left + fl._size.l + fl.xaxis.l2p(gd.data[trace].x[k + 1]),
+          box.top + fl._size.t + fl.yaxis.l2p(gd.data[trace].y[k + 1])];
+}"""
+ARROWS = """() => (document.getElementById('gantt').layout.annotations || [])
+  .filter(a => a.name === 'flow').map(a => [a.ax, a.x])"""
+
+
+def test_hovering_a_send_draws_its_flow_to_the_receive(visit: Visit, server: Server):
+    page = visit.page
+    spec, devices = generated_testbed(seed=41, layers=6, devices=3)
+    spec_id, enrolled = enrol(server.api(), spec, devices)
+    run, (a, b, c) = starting_run(server, spec_id, enrolled, "flows")
+    keys = {d["uid"]: d["authorization"] for d in enrolled}
+    agent = agent_client(server)
+    # micro-batch 1: a forwards and sends to b (at 1.0), b receives (1.05-1.2); later b
+    # sends the gradient back to a (at 3.0), a receives it (3.1-3.3); b also receives
+    # micro-batch 1's gradient from c, which must not be taken for a's send's other end
+    timeline = {
+        a: [transfer(run, a, 0, "send", 1, 1.0, 1.1), transfer(run, a, 0, "recv", 1, 3.1, 3.3)],
+        b: [transfer(run, b, 1, "recv", 1, 1.05, 1.2), transfer(run, b, 1, "send", 1, 3.0, 3.2),
+            transfer(run, b, 1, "recv", 1, 2.6, 2.8)],
+        c: [transfer(run, c, 2, "send", 1, 2.5, 2.7)],
+    }
+    visit.login(server.password)
+    visit.go(f"/runs/{run}/")
+    page.wait_for_selector("#conn.live")
+    for uid, events in timeline.items():
+        answer = agent.post(f"/api/agent/runs/{run}/events/", json={"timeline": events},
+                            headers={"Authorization": keys[uid]})
+        assert answer.status_code == 201, answer.text
+    page.wait_for_function("() => { const gd = document.getElementById('gantt');"
+                           " return gd && gd.data && gd.data.some(t => t.name === 'send'"
+                           " && t.meta.events.filter(Boolean).length >= 9); }",
+                           timeout=LIVE_WITHIN_S)
+    page.locator("#gantt").scroll_into_view_if_needed()
+    # the forward's activation: a's send at 1.0 to b's receive ending at 1.2
+    x, y = page.evaluate(HOVER, [a, 1.0])
+    page.mouse.move(x, y)
+    page.wait_for_function(f"() => ({ARROWS})().length === 1", timeout=10_000)
+    assert page.evaluate(ARROWS) == [[1.0, 1.2]]
+    box = page.locator("#gantt").bounding_box()  # a clip: a locator's screenshot scrolls
+    assert box is not None
+    page.screenshot(path=str(ARTIFACTS / "gantt-flow.png"), clip=box)
+    # the backward's gradient: b's send at 3.0 to a's receive ending at 3.3
+    x, y = page.evaluate(HOVER, [b, 3.0])
+    page.mouse.move(x, y)
+    page.wait_for_function(f"() => JSON.stringify(({ARROWS})()) === '[[3,3.3]]'",
+                           timeout=10_000)
+    # off the bars: no arrow
+    page.mouse.move(5, 5)
+    page.wait_for_function(f"() => ({ARROWS})().length === 0", timeout=10_000)
