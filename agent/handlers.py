@@ -3,9 +3,11 @@ dispatched by the command's class (docs/architecture.md, "Agent control protocol
 
 - ``profile``: profile a zoo model layer by layer (progress messages, then the profile);
 - ``deploy`` / ``start``: build this device's stage of a run, run it (agent.launch);
-- ``pause`` / ``resume`` / ``stop``: of a run's stages here;
+- ``pause`` / ``resume`` / ``stop``: of a run's stages here (a stop also forgets the run's
+  weights and revokes its peers' admission to the data plane);
 - ``measure``: measure the links to the given peers over the data plane (bandwidth and
-  latency), reported in one ``links`` message, so that planning sees real links;
+  latency), reported in one ``links`` message, so that planning sees real links; the peers
+  are admitted to the data plane for the measurement only;
 - ``halt``: stop a run's stages for a recovery, keeping their weights; the ack lists what
   this agent holds (checkpoints and replicas), and a ``deploy`` of the next generation says
   what to restore from where;
@@ -32,7 +34,7 @@ from agent.connection import Connection
 from agent.data import DataError, Dataset
 from agent.deployments import Deployment, Deployments
 from agent.executor import StageError
-from agent.launch import Launcher
+from agent.launch import Launcher, run_grant
 from agent.profiler import profile_model, warm_times
 from agent.reporting import Reporter
 from agent.transport import DataPlane
@@ -70,6 +72,10 @@ log = logging.getLogger("edgepipe.agent")
 
 PROGRESS_EVERY_S = 0.5  # profiling progress goes to the server at most this often
 BLOCKING = (DeployCommand.NAME, HaltCommand.NAME)  # carried out off the event loop
+MEASURE_GRANT = ("measure",)  # what a link measurement's peers are admitted under
+# a measurement's peers stay admitted this long after this agent measured its own links: they
+# measure theirs to it meanwhile, one peer after another (up to 15 s each when one is slow)
+MEASURE_GRACE_S = 120.0
 
 
 class CommandHandlers:
@@ -154,6 +160,7 @@ class CommandHandlers:
             deployment.end()
             self.deployments.drop_unstarted(deployment.key)
         self.weights.forget(command.run)
+        self.plane.revoke(run_grant(command.run))  # its peers may no longer reach this agent
         return Ack.to(command)
 
     def halt(self, command: HaltCommand) -> Ack:
@@ -231,9 +238,13 @@ class CommandHandlers:
         os._exit(70)
 
     def measure(self, command: MeasureCommand) -> Ack:
+        """Measure the links to the command's peers, admitted (instead of an earlier
+        measurement's) until MEASURE_GRACE_S after this agent's own measurements: the peers
+        measure their links to it meanwhile."""
         others = {uid: address for uid, address in command.peers.items() if uid != self.uid}
+        self.plane.admit(MEASURE_GRANT, {uid: command.keys[uid] for uid in others})
         for uid, address in others.items():
-            self.plane.connect(uid, address, command.keys[uid])
+            self.plane.connect(uid, address, command.keys[uid], admit=False)
 
         def work() -> None:
             links = []
@@ -247,6 +258,7 @@ class CommandHandlers:
                                           latency_s=min(60.0, latency)))
                 log.info("link to %s: %.1f MB/s, %.2f ms", uid, bandwidth / 1e6, latency * 1e3)
             self.connection.post(LinksReport(links=tuple(links)))
+            self.plane.revoke(MEASURE_GRANT, after_s=MEASURE_GRACE_S)
 
         spawn(work, "measure", threads=self.threads)
         return Ack.to(command)

@@ -2,7 +2,20 @@
 part, its data, maybe weights restored from where the server says) and holds it; ``start``
 runs it on its own thread from the common start time and reports how it ended
 (``stage_done`` with the fixed costs it measured, or ``stage_failed``). A deployment whose
-start does not come is dropped after DEPLOYMENT_TTL_S."""
+start does not come is dropped after DEPLOYMENT_TTL_S.
+
+A deployment admits the run's peers its command names to this agent's data plane, instead
+of those an earlier deployment of the run named (a device the new generation leaves out can
+no longer reach it); the run's end here revokes them: at once when the server stops the run
+(agent.handlers) or the deployment is dropped unstarted, RUN_END_GRACE_S after its stages
+here ended by themselves (a recovery of the rest of the pipeline may still fetch their
+weights).
+
+A generation that resumes from copies keeps its weights at the resume point here at once,
+and uploads them to the server before it says it is ready (when the run keeps global
+replicas): the commit that follows makes every survivor drop its older copies, and a device
+lost before the new layout's first replicas took its layers' only copy with it (issue 28:
+training started again from the seed)."""
 
 from __future__ import annotations
 
@@ -28,6 +41,7 @@ from orchestrator.protocol import (
     DeployCommand,
     StageDone,
     StageFailed,
+    StageSpec,
     StartCommand,
     Suspect,
 )
@@ -35,6 +49,18 @@ from orchestrator.protocol import (
 log = logging.getLogger("edgepipe.agent")
 
 DEPLOYMENT_TTL_S = 300.0  # a deployed stage whose start does not come is dropped after this
+# a run whose stages here have ended keeps its peers admitted this long: the rest of the
+# pipeline drains, and may lose a device and recover from weights held here (the server
+# sends no stop when a run finishes)
+RUN_END_GRACE_S = 300.0
+# a resumed generation waits this long at most for the server to take its weights at the
+# resume point before it says it is ready (it goes on without, logging that it did)
+PROTECT_WAIT_S = 30.0
+
+
+def run_grant(run: int) -> tuple[str, int]:
+    """What a run's peers are admitted under on the data plane (DataPlane.admit)."""
+    return ("run", run)
 
 
 def neighbours(command: DeployCommand) -> set[str]:
@@ -75,9 +101,11 @@ class Launcher:
         missing = sorted(neighbours(command) - set(command.peers))
         if missing:
             raise StageError(f"no data-plane address for neighbour {missing[0]}")
-        for uid, address in command.peers.items():  # and admit them: any may fetch weights
-            if uid != self.uid:
-                self.plane.connect(uid, address, command.keys[uid])
+        # admit them (any may fetch weights), instead of the run's earlier deployment's peers
+        others = {uid: address for uid, address in command.peers.items() if uid != self.uid}
+        self.plane.admit(run_grant(spec.run), {uid: command.keys[uid] for uid in others})
+        for uid, address in others.items():
+            self.plane.connect(uid, address, command.keys[uid], admit=False)
         if command.restore is None and spec.generation:
             raise StageError("a deployment of a later generation needs restore")
         data = self.dataset(spec.dataset)
@@ -111,6 +139,10 @@ class Launcher:
             on_suspect=lambda microbatch, waited: self.connection.post(Suspect(
                 run=spec.run, generation=spec.generation, microbatch=microbatch,
                 waited_s=max(0.0, waited))))
+        if store is not None:
+            self.weights.deployed(spec)
+            if spec.first_microbatch and command.restore is not None:
+                self._protect(spec, executor)
         deployment = Deployment(spec=spec, executor=executor, clock=clock, stop=stop,
                                 running=running)
         try:
@@ -126,11 +158,27 @@ class Launcher:
         timer.start()
         return Ack.to(command, generation=spec.generation)
 
+    def _protect(self, spec: StageSpec, executor: StageExecutor) -> None:
+        """Keep the restored weights at the resume point, and (its group's first device, when
+        the run keeps global replicas) have the server keep them before this deployment says
+        it is ready: from the commit on, nobody else may hold a copy of them."""
+        tensors = executor.checkpoint(pinned=True)
+        if tensors is None or not executor.replicates or not spec.global_every:
+            return
+        if not self.weights.upload(spec, spec.first_microbatch, tensors,
+                                   wait_s=PROTECT_WAIT_S):
+            log.warning("run %s generation %s: the server has no copy of layers %s..%s at "
+                        "the resume point %s; until their first replica, they have none but "
+                        "this device's", spec.run, spec.generation, spec.layers[0],
+                        spec.layers[1], spec.first_microbatch)
+
     def _drop_if_not_started(self, key: StageKey) -> None:
         """A deployment whose start never came (the run failed elsewhere, the server went)
-        frees its memory."""
+        frees its memory, and its peers are no longer admitted."""
         if self.deployments.drop_unstarted(key) is not None:
             log.warning("run %s was deployed here but never started; dropped", key.run)
+            if key.run not in self.deployments:
+                self.plane.revoke(run_grant(key.run))
 
     def start(self, command: StartCommand, held: list[Deployment]) -> Ack:
         """Start the run's stages ``held`` here (their generation checked)."""
@@ -174,6 +222,10 @@ class Launcher:
                     **measured_costs(deployment)))
         finally:
             self.deployments.remove(deployment)
+            if not deployment.stop.is_set() and spec.run not in self.deployments:
+                # the run ended here by itself (a halt or a stop set ``stop``: a halted run is
+                # redeployed or stopped, and a stop revokes at once)
+                self.plane.revoke(run_grant(spec.run), after_s=RUN_END_GRACE_S)
 
 
 def measured_costs(deployment: Deployment) -> dict[str, float]:

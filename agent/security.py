@@ -5,9 +5,16 @@ directory only its owner can read, beside the enrolment file (``data-keys/``). T
 its public key in ``hello``; the server gives each agent, with every peer's address, that
 peer's public key (the ``keys`` of ``deploy`` and ``measure``). The data plane's inbox is a
 CURVE server whose ZAP handler (:class:`PeerAuthenticator`, pyzmq's authenticator with a
-callback) admits only the keys of the peers the server named, and stamps each message with
-the sender's device uid; every message to a peer is encrypted to the key the server gave for
-it, so a host that answers at a peer's address without its secret key gets nothing.
+callback) admits only the keys of the peers the server named; every message to a peer is
+encrypted to the key the server gave for it, so a host that answers at a peer's address
+without its secret key gets nothing.
+
+What is admitted follows what the server says now, not everything it ever said: each
+*grant* (a run this agent is deployed in, a link measurement under way) names its peers'
+keys, a new deployment of the run replaces its grant and the run's end revokes it. A key no
+grant names any more fails new handshakes, and the messages of a connection it opened before
+are dropped: a connection's User-Id is its key, which :meth:`PeerAuthenticator.sender`
+turns into the peer's uid for each message, as the grants say at that moment.
 """
 
 from __future__ import annotations
@@ -16,13 +23,13 @@ import logging
 import os
 import stat
 import threading
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import zmq
 from zmq.auth.certs import create_certificates, load_certificate
 from zmq.auth.thread import ThreadAuthenticator
-from zmq.utils import z85
 
 from agent.config import ConfigError
 
@@ -73,22 +80,65 @@ def load_or_create_keys(directory: Path) -> DataKeys:
 
 
 class PeerAuthenticator(ThreadAuthenticator):
-    """The inbox's ZAP handler: a CURVE client is admitted when its public key is one the
-    server named for a peer, and its messages carry that peer's uid as their User-Id."""
+    """The inbox's ZAP handler: a CURVE client is admitted while its public key is one that a
+    grant in force names for a peer; its connection's User-Id is that key (Z85, pyzmq's
+    default)."""
 
     def __init__(self, context: zmq.Context[zmq.Socket[bytes]]) -> None:
         super().__init__(context, log=log)
         self._lock = threading.Lock()
-        self._uids: dict[bytes, str] = {}  # Z85 public key -> device uid
+        self._grants: dict[Hashable, dict[bytes, str]] = {}  # holder -> {Z85 key: uid}
+        self._epochs: dict[Hashable, int] = {}  # holder -> how many times it was granted
+        # every grant's keys together, replaced whole (never changed in place): the
+        # receiver thread reads it for every message without the lock
+        self._uids: Mapping[bytes, str] = {}
         self.refused = 0  # connections from keys nobody named
 
-    def trust(self, uid: str, key: bytes) -> None:
+    def grant(self, holder: Hashable, peers: Mapping[str, bytes]) -> None:
+        """Admit ``peers`` (uid -> Z85 public key) for ``holder`` (a run, a measurement),
+        instead of what it admitted before."""
         with self._lock:
-            self._uids = {k: u for k, u in self._uids.items() if u != uid} | {key: uid}
+            self._grants[holder] = {key: uid for uid, key in peers.items()}
+            self._epochs[holder] = self._epochs.get(holder, 0) + 1
+            self._update()
+
+    def revoke(self, holder: Hashable, *, after_s: float = 0.0) -> None:
+        """Stop admitting what ``holder`` admitted (and no other grant does): now, or
+        ``after_s`` from now unless it is granted again meanwhile."""
+        if after_s <= 0:
+            self._revoke(holder, None)
+            return
+        with self._lock:
+            epoch = self._epochs.get(holder)
+        timer = threading.Timer(after_s, self._revoke, args=(holder, epoch))
+        timer.daemon = True  # a stopping agent does not wait for it
+        timer.start()
+
+    def _revoke(self, holder: Hashable, epoch: int | None) -> None:
+        with self._lock:
+            if epoch is not None and self._epochs.get(holder) != epoch:
+                return  # granted again since the revocation was asked for
+            if self._grants.pop(holder, None) is not None:
+                self._update()
+
+    def _update(self) -> None:
+        """(Under the lock.) Every grant's keys, as one new mapping."""
+        uids: dict[bytes, str] = {}
+        for granted in self._grants.values():
+            uids.update(granted)
+        self._uids = uids
+
+    def trust(self, uid: str, key: bytes) -> None:
+        """Admit ``uid`` under ``key`` until this plane closes (a grant of its own)."""
+        self.grant(("peer", uid), {uid: key})
 
     def knows(self, key: bytes) -> bool:
-        with self._lock:
-            return key in self._uids
+        return key in self._uids
+
+    def sender(self, user_id: str) -> str | None:
+        """The uid of the peer whose connection has this User-Id (its Z85 key), as the grants
+        say now; None when no grant names the key any more."""
+        return self._uids.get(user_id.encode("ascii", "replace"))
 
     def callback(self, domain: str, key: bytes) -> bool:
         """pyzmq's credentials-provider hook (``key`` in Z85)."""
@@ -98,10 +148,6 @@ class PeerAuthenticator(ThreadAuthenticator):
             log.warning("refused a data-plane connection from an unknown key %s",
                         key.decode("ascii", "replace"))
         return known
-
-    def curve_user_id(self, client_public_key: bytes) -> str:
-        with self._lock:
-            return self._uids.get(z85.encode(client_public_key), "")
 
     def begin(self) -> None:
         self.start()

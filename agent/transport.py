@@ -3,11 +3,13 @@
 :class:`DataPlane` owns one PULL socket (this agent's inbox) on a receiver thread and PUSH
 sockets to its peers, used under a lock (ZeroMQ sockets are not thread-safe). Messages follow
 agent.wire's format. Both ends are CURVE-secured (agent.security): the inbox admits only the
-peers the server named, by their public keys, and a message to a peer is encrypted to the key
-the server gave for it. A send hands the message to ZeroMQ's I/O thread in the caller's thread,
-so computing never waits for a transfer; received messages are kept by (run, kind, micro-batch,
-name), at most ``max_pending`` of them and ``max_pending_bytes``: beyond, new ones are dropped
-with a log line. A frame that is not a message is refused and the receiver goes on.
+peers the server names, by their public keys, for as long as it names them (a connection whose
+key is no longer admitted has its messages dropped), and a message to a peer is encrypted to
+the key the server gave for it. A send hands the message to ZeroMQ's I/O thread in the
+caller's thread, so computing never waits for a transfer; received messages are kept by (run,
+kind, micro-batch, name), at most ``max_pending`` of them and ``max_pending_bytes``: beyond,
+new ones are dropped with a log line. A frame that is not a message is refused and the
+receiver goes on.
 Emulation for heterogeneous testbeds on one machine: ``bandwidth_bps`` and ``latency_s``
 shape what this agent sends (each message takes bytes / bandwidth + latency on a single
 outgoing line, as the cost model's transfers do), on a sender thread that holds each message
@@ -25,7 +27,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -77,6 +79,10 @@ class _Outgoing:
     frames: list[bytes]
     header: Header
     done: threading.Event | None = None  # set once sent, for a caller that waits for it
+
+
+def _key(key: bytes | str) -> bytes:
+    return key.encode("ascii") if isinstance(key, str) else key
 
 
 class DataPlane:
@@ -148,12 +154,26 @@ class DataPlane:
     def public_key(self) -> bytes:
         return self.keys.public
 
-    def connect(self, peer: str, address: str, key: bytes | str) -> None:
-        """Send to ``peer`` at ``address`` from now on, encrypted to its public ``key`` (Z85),
-        and admit its messages (the next send opens the socket)."""
-        key = key.encode("ascii") if isinstance(key, str) else key
-        self.authenticator.trust(peer, key)
+    def connect(self, peer: str, address: str, key: bytes | str, *, admit: bool = True) -> None:
+        """Send to ``peer`` at ``address`` from now on, encrypted to its public ``key`` (Z85)
+        (the next send opens the socket); ``admit``: and admit its messages until this plane
+        closes (a test's peers, the agent itself). An agent admits its peers by grant
+        instead (:meth:`admit`), for as long as the server says."""
+        key = _key(key)
+        if admit:
+            self.authenticator.trust(peer, key)
         self._peers[peer] = (address, key)
+
+    def admit(self, holder: Hashable, peers: Mapping[str, bytes | str]) -> None:
+        """Admit the messages of ``peers`` (uid -> public key, Z85) for ``holder`` (a run
+        deployed here, a link measurement), instead of what ``holder`` admitted before."""
+        self.authenticator.grant(holder, {uid: _key(key) for uid, key in peers.items()})
+
+    def revoke(self, holder: Hashable, *, after_s: float = 0.0) -> None:
+        """Stop admitting the peers only ``holder`` admitted (now, or ``after_s`` from now
+        unless it is admitted again meanwhile): their new connections fail the handshake, and
+        what their connections made before still bring is dropped."""
+        self.authenticator.revoke(holder, after_s=after_s)
 
     def reopen(self, peer: str) -> None:
         """Close the socket to ``peer`` (what it still queues is dropped): the next send opens
@@ -276,7 +296,11 @@ class DataPlane:
     def _take(self, frames: list[zmq.Frame]) -> None:
         """Decode one message and hand it on (a probe answered, weights to the weight
         store, anything else to the inbox); a bad one is rejected, and the loop goes on."""
-        sender = str(frames[0].get("User-Id")) if frames else ""
+        user_id = str(frames[0].get("User-Id")) if frames else ""
+        sender = self.authenticator.sender(user_id)
+        if sender is None:  # admitted once, but no grant names its key any more
+            self._reject(f"from {user_id}, a key this agent no longer admits")
+            return
         try:
             message = decode([f.buffer for f in frames], max_bytes=self.max_message_bytes,
                              arrived_at=self.clock(), sender=sender)

@@ -5,7 +5,10 @@ per run across generations), and moving them (docs/architecture.md, "Fault toler
   the data plane (a ``fetch`` answered by ``fetched``), or the server over REST;
 - replication points: the stage's checkpoint to the next stage's device (a chain replica)
   and/or to the server (a global replica, uploaded oldest first by one thread);
-- answering peers: keeping the chain replicas they send, answering their fetches.
+- answering peers: keeping the chain replicas they send, answering their fetches. A chain
+  replica is kept only from the device that replicates to this one in the run's deployment
+  here (:meth:`WeightService.deployed`): the first device of the stage before, of the same
+  generation, with the layers that stage holds; any other run peer's is refused.
 
 The names of the weight messages are orchestrator.protocol's typed ones. The data plane and
 the server are injected (:class:`Plane`, :class:`ReplicaServer`), so tests can replace them.
@@ -16,6 +19,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -52,6 +56,10 @@ from orchestrator.protocol import (
 log = logging.getLogger("edgepipe.agent")
 
 FETCH_TIMEOUT_S = 20.0  # a recovering stage waits this long for weights from a peer or the server
+# a fetch unanswered this long is asked again on a new connection: the holder may have refused
+# the first one's handshake, not knowing this device yet (a device back after a loss, asking
+# a holder whose deployment naming it is still on its way), and ZeroMQ does not retry it
+FETCH_RETRY_S = 5.0
 CENTRAL = "central"
 SELF = "self"
 
@@ -60,6 +68,8 @@ class Plane(Protocol):
     """What the weight service uses of the data plane (agent.transport.DataPlane)."""
 
     def repoint(self, peer: str, address: str) -> None: ...
+
+    def reopen(self, peer: str) -> None: ...
 
     def send(self, peer: str, frames: list[bytes]) -> None: ...
 
@@ -139,9 +149,11 @@ class WeightService:
         self._lock = threading.Lock()
         self._stores: dict[int, WeightStore] = {}
         self._tokens = itertools.count(1)
-        # global replicas waiting for the uploader, oldest first: (run, first, last, applied,
-        # bytes); every one is sent (a recovery may need any of the two newest of each stage)
-        self._uploads: deque[tuple[int, int, int, int, bytes]] = deque()
+        # the stage of pipeline 0 of each run here (the one that keeps weights), as deployed
+        self._stages: dict[int, StageSpec] = {}
+        # global replicas waiting for the uploader, oldest first; every one is sent (a
+        # recovery may need any of the two newest of each stage)
+        self._uploads: deque[_Upload] = deque()
         self._uploads_waiting = threading.Condition()
         self._uploader: threading.Thread | None = None
 
@@ -156,6 +168,13 @@ class WeightService:
         """The run ended here: drop what it kept."""
         with self._lock:
             self._stores.pop(run, None)
+            self._stages.pop(run, None)
+
+    def deployed(self, spec: StageSpec) -> None:
+        """The run's stage here is now ``spec`` (of its pipeline 0, whose weights are kept):
+        chain replicas come from the device that replicates to it, as ``spec`` says."""
+        with self._lock:
+            self._stages[spec.run] = spec
 
     def holdings(self, run: int) -> tuple[HeldCopy, ...]:
         with self._lock:
@@ -165,8 +184,21 @@ class WeightService:
         return tuple(HeldCopy.from_json(h) for h in store.holdings())
 
     def commit(self, run: int, generation: int) -> None:
-        """Every device of the new generation is ready: nobody fetches its weights any more."""
+        """Every device of the new generation is ready: nobody fetches the older ones' weights
+        any more, and what they had still to upload goes unsent (past the resume point it is
+        training the recovery abandoned; the server would keep it as the newest of its layers
+        and drop older replicas for it)."""
         self.store(run).commit(generation)
+        kept: deque[_Upload] = deque()
+        stale: list[_Upload] = []
+        with self._uploads_waiting:
+            for item in self._uploads:
+                (stale if item.run == run and item.generation != generation else kept
+                 ).append(item)
+            self._uploads = kept
+        for item in stale:
+            if item.done is not None:
+                item.done.set()
 
     # ---- restoring
 
@@ -224,15 +256,28 @@ class WeightService:
         """Ask ``peer`` (a peer the data plane knows: the deployment connected it) for layers
         at ``applied`` over the data plane; its safetensors bytes."""
         request = WeightFetch(next(self._tokens), layers, self.uid, self.reply_to())
-        self.plane.send(peer, encode(run=run, kind="weights", microbatch=applied, version=0,
-                                     tensor=blob_tensor(b""), name=request.to_name()))
+        frames = encode(run=run, kind="weights", microbatch=applied, version=0,
+                        tensor=blob_tensor(b""), name=request.to_name())
         first, last = layers
-        try:
-            reply = self.plane.receive(run, "weights", applied, name=request.reply().to_name(),
-                                       timeout_s=self.fetch_timeout_s)
-        except TimeoutError:
-            raise StageError(f"{peer} did not send layers {first}..{last} within "
-                             f"{self.fetch_timeout_s:.0f} s") from None
+        deadline = time.monotonic() + self.fetch_timeout_s
+        self.plane.send(peer, frames)
+        retried = False
+        while True:
+            remaining = deadline - time.monotonic()
+            wait = remaining if retried else min(FETCH_RETRY_S, remaining)
+            try:
+                reply = self.plane.receive(run, "weights", applied,
+                                           name=request.reply().to_name(),
+                                           timeout_s=max(0.0, wait))
+                break
+            except TimeoutError:
+                if retried or remaining <= FETCH_RETRY_S:
+                    raise StageError(f"{peer} did not send layers {first}..{last} within "
+                                     f"{self.fetch_timeout_s:.0f} s") from None
+            # once, the same request on a new handshake (an answer to the first is as good)
+            self.plane.reopen(peer)
+            self.plane.send(peer, frames)
+            retried = True
         if reply.tensor.numel() == 0:
             raise StageError(f"{peer} holds no layers {first}..{last} at {applied} updates")
         return reply.tensor.numpy().tobytes()
@@ -251,13 +296,27 @@ class WeightService:
                 run=spec.run, kind="weights", microbatch=applied, version=spec.generation,
                 tensor=blob_tensor(data), name=ChainReplica(spec.layers).to_name()))
         if central:
-            with self._uploads_waiting:
-                self._uploads.append((spec.run, first, last, applied, data))
-                self._uploads_waiting.notify()
-                if self._uploader is None:
-                    self._uploader = threading.Thread(target=self._upload_loop,
-                                                      name="replica-upload", daemon=True)
-                    self._uploader.start()
+            self._upload(_Upload(spec.run, spec.generation, first, last, applied, data))
+
+    def upload(self, spec: StageSpec, applied: int, tensors: Tensors, *,
+               wait_s: float) -> bool:
+        """A global replica of the stage's weights at ``applied``, sent after those queued
+        before it; whether the server took it within ``wait_s``."""
+        first, last = spec.layers
+        item = _Upload(spec.run, spec.generation, first, last, applied,
+                       to_bytes(tensors, run=spec.run, first=first, last=last, applied=applied),
+                       done=threading.Event())
+        self._upload(item)
+        return item.done is not None and item.done.wait(wait_s) and item.taken
+
+    def _upload(self, item: _Upload) -> None:
+        with self._uploads_waiting:
+            self._uploads.append(item)
+            self._uploads_waiting.notify()
+            if self._uploader is None:
+                self._uploader = threading.Thread(target=self._upload_loop,
+                                                  name="replica-upload", daemon=True)
+                self._uploader.start()
 
     def _upload_loop(self) -> None:
         """Send the global replicas to the server, oldest first."""
@@ -266,12 +325,15 @@ class WeightService:
                 if not self._uploads:
                     self._uploads_waiting.wait(0.5)
                     continue
-                run, first, last, applied, data = self._uploads.popleft()
+                item = self._uploads.popleft()
             try:
-                self.server.put(run, first, last, applied, data)
+                self.server.put(item.run, item.first, item.last, item.applied, item.data)
+                item.taken = True
             except (OSError, ValueError) as exc:
                 log.warning("the server did not take the replica of layers %s..%s: %s",
-                            first, last, exc)
+                            item.first, item.last, exc)
+            if item.done is not None:
+                item.done.set()
 
     # ---- answering peers
 
@@ -281,6 +343,7 @@ class WeightService:
         name = parse_weight_name(message.header.name)
         run, applied = message.header.run, message.header.microbatch
         if isinstance(name, ChainReplica):
+            self._check_chain(message, name)
             first, last = name.layers
             tensors = from_bytes(message.tensor.numpy().tobytes(), first=first, last=last)
             self.store(run).add(Entry(layers=name.layers, applied=applied, kind="replica",
@@ -306,3 +369,50 @@ class WeightService:
             assert isinstance(name, FetchReply)
             raise ProtocolError(f"an answer to fetch {name.token} that nobody waits for",
                                 field="name")
+
+    def _check_chain(self, message: DataMessage, name: ChainReplica) -> None:
+        """ProtocolError unless the chain replica comes from the device that replicates to
+        this one in the run's deployment here: the first device of the stage before (the last
+        stage's, for the first stage), of the deployment's generation, with that stage's
+        layers (those that end where this stage's begin; for the first stage, the last
+        stage's, past every other stage's). Any other peer of the run could have made this
+        agent keep (and later restore a recovering stage from) whatever weights it liked."""
+        header, sender = message.header, message.sender or "an unknown peer"
+        first, last = name.layers
+        what = f"a chain replica of layers {first}..{last} from {sender}"
+        with self._lock:
+            spec = self._stages.get(header.run)
+        if spec is None:
+            raise ProtocolError(f"{what}: no stage of run {header.run} is deployed here",
+                                field="name")
+        if spec.num_stages < 2 or spec.replicas[0] != spec.device:
+            raise ProtocolError(f"{what}: nobody replicates to this device's stage "
+                                f"{spec.stage} of run {spec.run}", field="name")
+        source = spec.stage_devices[spec.stage - 1][0]  # stage -1: the last
+        if message.sender != source:
+            raise ProtocolError(f"{what}: run {spec.run}'s replicas to stage {spec.stage} "
+                                f"come from {source}", field="name")
+        if header.version != spec.generation:
+            raise ProtocolError(f"{what}: of generation {header.version}, the stage here is "
+                                f"of generation {spec.generation}", field="version")
+        ahead = (last == spec.layers[0] - 1 if spec.stage
+                 else first >= spec.layers[1] + spec.num_stages - 1)
+        if not ahead:
+            raise ProtocolError(f"{what}: not the layers of stage "
+                                f"{(spec.stage - 1) % spec.num_stages} (stage {spec.stage} "
+                                f"holds {spec.layers[0]}..{spec.layers[1]})", field="name")
+
+
+@dataclass(eq=False)
+class _Upload:
+    """A global replica on its way to the server; ``done`` (when someone waits for it) is set
+    once the server answered, ``taken`` if it kept it."""
+
+    run: int
+    generation: int
+    first: int
+    last: int
+    applied: int
+    data: bytes
+    done: threading.Event | None = None
+    taken: bool = False

@@ -52,6 +52,9 @@ class Plane:
     def repoint(self, peer: str, address: str) -> None:
         self.connected[peer] = address
 
+    def reopen(self, peer: str) -> None:
+        pass
+
     def send(self, peer: str, frames: list[bytes]) -> None:
         assert peer in self.connected or peer in self.network.services, peer
         message = decode(frames, sender=self.uid)  # as the receiver's authenticator names it
@@ -107,6 +110,10 @@ def network() -> Iterator[tuple[Network, FakeServer, threading.Event]]:
         net.services[uid] = WeightService(uid=uid, plane=net.plane(uid),
                                           reply_to=lambda port=port: f"tcp://127.0.0.1:{port}",
                                           server=server, stop=stop, fetch_timeout_s=1.0)
+    # the run deployed: a holds stage 0 (layers 0..1), b stage 1 (2..3); each replicates to
+    # the other
+    net.services["a"].deployed(spec("a", 0, (0, 1)))
+    net.services["b"].deployed(spec("b", 1, (2, 3)))
     yield net, server, stop
     stop.set()
 
@@ -236,3 +243,31 @@ def test_uploads_go_oldest_first(network: Any) -> None:
         time.sleep(0.01)
     assert order == [8, 16, 24]
     assert isinstance(net.services["a"].store(1), WeightStore)
+
+
+def test_a_new_generation_drops_what_older_ones_had_still_to_upload(network: Any) -> None:
+    # a stage far ahead of the others had global replicas queued behind a slow server when the
+    # run halted; uploaded after the recovery, they were the newest of their layers (training
+    # the recovery abandoned) and the server dropped the replica it restored from for them
+    net, server, _ = network
+    putting, release, order = threading.Event(), threading.Event(), []
+    put = server.put
+
+    def slow_put(run: int, first: int, last: int, applied: int, data: bytes) -> None:
+        putting.set()
+        release.wait(10)
+        order.append(applied)
+        put(run, first, last, applied, data)
+
+    server.put = slow_put
+    a = net.services["a"]
+    tensors = weights_of(stage_module(0, 1, 1), 0)
+    for applied in (8, 16, 24):
+        a.replicate(spec("a", 0, (0, 1)), applied, tensors, chain=False, central=True)
+    assert putting.wait(5)  # 8 on its way, 16 and 24 waiting
+    a.commit(1, 1)  # generation 1 resumes at 12
+    release.set()
+    resumed = spec("a", 0, (0, 1), generation=1, first_microbatch=12)
+    assert a.upload(resumed, 12, tensors, wait_s=10) is True
+    assert order == [8, 12]
+    assert sorted(applied for _, _, _, applied in server.replicas) == [8, 12]
