@@ -14,6 +14,13 @@ A device uploads only while the run is active (starting, running, recovering or 
 the plan being replaced or of the one being deployed: else a 403 naming the field). Uploads
 and downloads name layers of the run's model only (a 400 past its last layer), so that merging
 a download costs at most one step per layer of the model.
+
+Once a recovery has chosen its resume point (the next generation deploys from it), the replicas
+at that point are what the new stages restore from: an upload past it (a halted stage's
+upload still on its way: training the recovery abandons) is a 409, and none at it is deleted
+to keep the two newest (a stage's late uploads at 160 and 240 deleted the replica at 80 the
+recovery had planned to restore from, and the run failed: "the server has no layers 0..3 at
+80 updates").
 """
 
 from __future__ import annotations
@@ -150,6 +157,18 @@ def _check_uploader(run: Run, device: Device, first: int, last: int) -> None:
                               "stage's layers only")
 
 
+def _resume_point(run: Run) -> int | None:
+    """The resume point of the recovery under way once it has chosen one (with its next
+    plan: the typed Recovery reads a missing one as 0), else None."""
+    if run.state != RunState.RECOVERING or Recovery.from_json(run.recovery) is None:
+        return None
+    resume = run.recovery.get("resume")
+    if not run.recovery.get("next_plan") or isinstance(resume, bool) or not isinstance(
+            resume, int):
+        return None
+    return resume
+
+
 def replica_dir(run_id: int) -> Path:
     return Path(settings.REPLICA_DIR) / f"run-{run_id}"
 
@@ -231,7 +250,8 @@ def replica_store(*, run: Run, device: Device, first: int, last: int, applied: i
     (a device of ``run``'s current plan, those layers its stage's) uploaded; InvalidInput
     naming the field (or Conflict: the run is not active; NotItsLayers: not its layers), and
     nothing stored, if it is not that. The same (layers, applied) again replaces the earlier
-    upload; of each layer range only the two newest applied are kept."""
+    upload; of each layer range only the two newest applied are kept (while a recovery
+    resumes from a chosen point, the two newest up to it, and nothing past it is taken)."""
     _check_range(first, last, applied)
     _check_model_layers(run, last)
     _check_uploader(run, device, first, last)
@@ -247,8 +267,15 @@ def replica_store(*, run: Run, device: Device, first: int, last: int, applied: i
             locked = (Run.objects.select_for_update()
                       .only("pk", "state", "deployment", "recovery", "chosen_plan").get(pk=run.pk))
             _check_uploader(locked, device, first, last)
-            newer = list(WeightReplica.objects.filter(run=run, first=first, last=last,
-                                                      applied__gt=applied)
+            kept = WeightReplica.objects.filter(run=run, first=first, last=last)
+            resume = _resume_point(locked)
+            if resume is not None:
+                if applied > resume:
+                    raise Conflict(f"run {run.pk} is recovering from applied {resume}: a "
+                                   f"replica at {applied} is of training it does again",
+                                   state=locked.state, action="upload a replica")
+                kept = kept.filter(applied__lte=resume)  # the others go with what it redoes
+            newer = list(kept.filter(applied__gt=applied)
                          .order_by("-applied").values_list("applied", flat=True)[:KEEP])
             if len(newer) >= KEEP:
                 raise InvalidInput("applied", f"is older than the {KEEP} replicas of layers "
@@ -260,8 +287,7 @@ def replica_store(*, run: Run, device: Device, first: int, last: int, applied: i
                 defaults={"device": device.uid, "path": relative, "bytes": len(data),
                           "sha256": digest, "created_at": timezone.now()})
             os.replace(tmp, _absolute(relative))
-            stale = (WeightReplica.objects.filter(run=run, first=first, last=last)
-                     .order_by("-applied").values_list("pk", flat=True)[KEEP:])
+            stale = kept.order_by("-applied").values_list("pk", flat=True)[KEEP:]
             # each deleted row's file goes after the commit (replica_file_delete)
             WeightReplica.objects.filter(pk__in=list(stale)).delete()
     finally:
