@@ -55,7 +55,14 @@ from webapp.devices.commands import command_build, device_command_send
 from webapp.devices.models import Device
 from webapp.devices.services import data_peers
 from webapp.runs import replicas
-from webapp.runs.models import Generation, Probe, Run, RunDevice, TimelineEvent
+from webapp.runs.models import (
+    Generation,
+    Probe,
+    Run,
+    RunDevice,
+    TimelineEvent,
+    WeightReplica,
+)
 from webapp.runs.selectors import run_planning_inputs
 from webapp.runs.services.control import (
     ACTIVE_DEVICE,
@@ -442,6 +449,9 @@ def recovery_ready(run: Run) -> Run:
     staged = staged_devices(run)
     RunDevice.objects.filter(pk__in=[s.pk for s in staged]).update(stage_state=S.RUNNING)
     RunDevice.objects.filter(run=run).update(holdings=[])
+    # the server's replicas past the resume point hold training the recovery threw away: with
+    # the next generation's replicas they could restore a model no run ever had
+    WeightReplica.objects.filter(run=run, applied__gt=recovery.resume).delete()
     for rd in staged:
         device_command_send(uid=rd.device.uid, command=command_build(
             "start", run=run.pk, generation=generation, started_at=started_at,

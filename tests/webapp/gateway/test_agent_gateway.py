@@ -167,6 +167,11 @@ def test_a_run_is_deployed_started_fed_and_finished_by_its_agents() -> None:
         assert [r["field"] for r in stored["refused"]] == ["metrics[0].value"]
         for a in agents:
             await a.send_json_to({"type": "stage_done", "run": run.pk})
+        # the run finished: every agent is told to stop it (to forget its weights and its
+        # peers' keys at once)
+        for a in agents:
+            told = await a.receive_json_from(timeout=5)
+            assert (told.get("command"), told.get("run")) == ("stop", run.pk), told
         for a in agents:
             await a.disconnect()
         final = (await database_sync_to_async(Run.objects.get)(pk=run.pk)).state

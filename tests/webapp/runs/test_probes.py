@@ -11,7 +11,7 @@ import pytest
 from tests.webapp.runs.test_dynamic_repartition import running_run
 from webapp.devices.models import Device
 from webapp.runs import recovery, services, tasks
-from webapp.runs.models import FaultEvent, Probe, Run, RunDevice
+from webapp.runs.models import FaultEvent, Generation, Probe, Run, RunDevice, WeightReplica
 
 pytestmark = pytest.mark.django_db(transaction=True)  # planning runs on commit
 
@@ -105,6 +105,10 @@ def test_a_device_back_during_the_recovery_that_lost_it_joins_at_its_commit() ->
     recovery.run_device_back(device=middle)  # its agent is back before the recovery ends
     assert not FaultEvent.objects.filter(run=run, kind="device_joined").exists()
     run.refresh_from_db()
+    # the server's replicas: the middle stage's had none (so it restarts from the seed, at 0);
+    # one uploaded before the loss, past that point, is training thrown away
+    WeightReplica.objects.create(run=run, device=first.uid, first=0, last=0, applied=8,
+                                 path=f"runs/{run.pk}/thrown-away", bytes=1, sha256="0" * 64)
     for device in (first, last):
         run = recovery.run_stage_halted(run=run, device=device, generation=1, holdings=[
             {"layers": stages[device.uid], "applied": 16, "kind": "own"}])
@@ -115,3 +119,5 @@ def test_a_device_back_during_the_recovery_that_lost_it_joins_at_its_commit() ->
     joined = FaultEvent.objects.get(run=run, kind="device_joined")
     assert joined.device == middle.uid and joined.detail == {"during_recovery": True}
     assert RunDevice.objects.get(run=run, device=middle).stage_state == "idle"
+    resume = Generation.objects.get(run=run, number=1).resume_microbatch
+    assert resume < 8 and not WeightReplica.objects.filter(run=run, applied__gt=resume).exists()

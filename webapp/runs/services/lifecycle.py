@@ -228,7 +228,11 @@ def run_stage_done(*, run: Run, device: Device, generation: int | None = None) -
     if any(s.stage_state != RunDevice.StageState.DONE for s in staged_devices(locked)):
         return locked
     control_event(locked, "run_finished")
-    return move_run(locked, RunState.FINISHED, action="finish", finished_at=timezone.now())
+    finished = move_run(locked, RunState.FINISHED, action="finish", finished_at=timezone.now())
+    # the agents forget the run at once: its weights, and its peers' admission to their data
+    # planes (without it, a finished run's peers stayed admitted until RUN_END_GRACE_S)
+    command_all_stages(finished, "stop")
+    return finished
 
 
 def runs_fail_stalled(*, older_than_s: float) -> list[int]:
