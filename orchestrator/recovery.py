@@ -39,7 +39,7 @@ from typing import Any
 
 from orchestrator.cost import CostModel
 from orchestrator.errors import FormatError, PlanningError
-from orchestrator.formats import ModelProfile, Plan, check_stages
+from orchestrator.formats import ModelProfile, Plan, Stage, check_stages
 from orchestrator.partition.common import finish_plan
 from orchestrator.redistribution import CENTRAL, state_bytes
 from orchestrator.validation import At, expect_integer, expect_list, expect_object
@@ -428,3 +428,27 @@ def successor_takes_over(cm: CostModel, old: Plan, failed: Collection[str], *,
     raw = [(a, e, tuple(index[d] for d in devices)) for a, e, devices in merged]
     return finish_plan(cm, raw, algorithm="respipe", schedule=schedule or old.schedule,
                        microbatches=microbatches or old.microbatches, started=started)
+
+
+def unprotected_stages(stages: Sequence[Stage], *, chain_every: int,
+                       global_every: int) -> list[dict[str, Any]]:
+    """The stages whose layers would have no copy anywhere if their device were lost, as a
+    run replicates (docs/architecture.md, "Fault tolerance"): a stage is covered by the
+    server's global replicas (``global_every``), by the other devices of its group (they hold
+    the same layers), or by the chain replica its device sends to another device of the
+    pipeline (``chain_every``). The others restart from the run's seed when their device is
+    lost; the run says so when it starts and at each re-partition, before it is needed.
+    Returns ``[{"layers": [first, last], "only_on": [uids]}]`` in pipeline order."""
+    if global_every > 0:
+        return []
+    out = []
+    for k, stage in enumerate(stages):
+        if len(set(stage.devices)) > 1:
+            continue  # the group's devices hold the same layers
+        # a stage's chain replica goes to the first device of the next stage (the last
+        # stage's to stage 0's): a copy only if that is another device
+        successor = stages[(k + 1) % len(stages)].devices[0]
+        if chain_every > 0 and successor not in stage.devices:
+            continue
+        out.append({"layers": [stage.first, stage.last], "only_on": list(stage.devices)})
+    return out

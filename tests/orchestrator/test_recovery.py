@@ -498,3 +498,30 @@ def test_with_the_seed_a_layer_without_a_copy_restarts_training_from_it() -> Non
                            PROFILE, seed=True)
     assert covered.resume == 5 and covered.from_seed == "" and covered.parts
     assert "from_seed" not in covered.to_json()
+
+
+def test_unprotected_stages_against_a_direct_reading_of_the_rules() -> None:
+    from itertools import product
+
+    from orchestrator.formats import Stage
+    from orchestrator.recovery import unprotected_stages
+
+    layouts = [
+        [Stage((0, 3), ("a",))],
+        [Stage((0, 1), ("a",)), Stage((2, 3), ("b",))],
+        [Stage((0, 1), ("a", "b")), Stage((2, 3), ("c",))],
+        [Stage((0, 0), ("a",)), Stage((1, 2), ("b",)), Stage((3, 3), ("c",))],
+    ]
+    for stages, chain, global_ in product(layouts, (0, 2), (0, 10)):
+        got = unprotected_stages(stages, chain_every=chain, global_every=global_)
+        want = []
+        for k, stage in enumerate(stages):
+            copies = set(stage.devices)  # who holds the stage's layers after a loss of one
+            if global_:
+                copies.add("server")
+            if chain:
+                copies.add(stages[(k + 1) % len(stages)].devices[0])
+            if len(copies) < 2:
+                want.append({"layers": [stage.first, stage.last],
+                             "only_on": list(stage.devices)})
+        assert got == want, (stages, chain, global_)

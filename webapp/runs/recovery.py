@@ -49,6 +49,7 @@ from orchestrator.recovery import (
     repartition_decision,
     restore_plan,
     successor_takes_over,
+    unprotected_stages,
 )
 from orchestrator.redistribution import redistribute_weights
 from webapp.devices.commands import command_build, device_command_send
@@ -368,7 +369,8 @@ def _replan(run: Run) -> Run:
                    for s in plan.stages],
         "predicted_throughput_sps": None if predicted is None else predicted.throughput_sps,
         "resume_microbatch": restore.resume, **recovery.decision,
-        **({"from_seed": restore.from_seed} if restore.from_seed else {})})
+        **({"from_seed": restore.from_seed} if restore.from_seed else {}),
+        **_protection(run, plan)})
     specs = spec_fields(run=run, document=plan, cm=cm)
     peers, keys = data_peers([rd.device for rd in candidates])
     staged = set(specs)
@@ -397,6 +399,13 @@ def _replan(run: Run) -> Run:
     run.recovery = recovery.to_json()
     run.save(update_fields=["recovery"])
     return run
+
+
+def _protection(run: Run, plan: PlanDocument) -> dict[str, Any]:
+    """The next generation's layers no replica would cover (said before it is needed)."""
+    bare = unprotected_stages(plan.stages, chain_every=run.chain_every,
+                              global_every=run.global_every)
+    return {"unprotected": bare} if bare else {}
 
 
 def _shrink_or_replan(run: Run, cm: CostModel, old: PlanDocument, lost: set[str],

@@ -17,7 +17,7 @@ MICROBATCHES = 4
 
 
 def running_run(*, batches: int = 500, algorithm: str = "optimal",
-                measured: tuple[float, float | None] | None = None) -> Run:
+                measured: tuple[float, float | None] | None = None, **settings: int) -> Run:
     """A run of three devices profiled alike, started with the ``algorithm``'s plan (the
     plan a re-partition compares with: three stages); every agent acked its stage.
     ``measured``: the first device's ``overhead_s`` and ``pass_overhead_s`` as an earlier
@@ -31,7 +31,7 @@ def running_run(*, batches: int = 500, algorithm: str = "optimal",
         LayerProfileFactory(device=device, model_spec=spec, overhead_s=overhead,
                             pass_overhead_s=in_passes)
     run = RunFactory(model_spec=spec, devices=devices, algorithms=[algorithm],
-                     microbatches=MICROBATCHES, batches=batches)
+                     microbatches=MICROBATCHES, batches=batches, **settings)
     services.run_plan(run=run)
     run.refresh_from_db()
     services.run_start(run=run)

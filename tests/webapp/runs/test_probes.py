@@ -121,3 +121,31 @@ def test_a_device_back_during_the_recovery_that_lost_it_joins_at_its_commit() ->
     assert RunDevice.objects.get(run=run, device=middle).stage_state == "idle"
     resume = Generation.objects.get(run=run, number=1).resume_microbatch
     assert resume < 8 and not WeightReplica.objects.filter(run=run, applied__gt=resume).exists()
+
+
+@pytest.mark.parametrize(("settings", "bare"), [
+    ({}, 0),  # global replicas cover every layer
+    ({"global_every": 0}, 0),  # each stage's chain replica lives on the next device
+    ({"global_every": 0, "chain_every": 0}, 3),  # nothing: every stage only on its device
+])
+def test_a_run_says_when_it_starts_which_layers_no_replica_covers(settings, bare) -> None:
+    # an agent lost with no copy of its layers anywhere restarts the run from its seed: the
+    # run says so when it starts, before it is needed, and at each re-partition
+    run = running_run(**settings)
+    started = FaultEvent.objects.get(run=run, kind="run_started")
+    unprotected = started.detail.get("unprotected", [])
+    assert len(unprotected) == bare
+    stages = run.deployment["plan"]["stages"]
+    assert unprotected == [{"layers": s["layers"], "only_on": s["devices"]}
+                           for s in stages][:bare]
+    if bare:
+        first, middle, last = staged(run)
+        recovery.run_device_lost(device=middle, reason="gone", detected_by="test")
+        run.refresh_from_db()
+        for device in (first, last):
+            run = recovery.run_stage_halted(run=run, device=device, generation=1, holdings=[])
+        replanned = FaultEvent.objects.get(run=run, kind="repartitioned").detail
+        assert replanned["unprotected"] == [
+            {"layers": s["layers"], "only_on": s["devices"]} for s in replanned["stages"]
+            if len(s["devices"]) == 1]
+        assert replanned["unprotected"]

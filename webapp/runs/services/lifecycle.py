@@ -14,6 +14,10 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from orchestrator.errors import FormatError
+from orchestrator.formats import parse_plan_stages
+from orchestrator.recovery import unprotected_stages
+from orchestrator.validation import At
 from webapp.common.exceptions import InvalidInput
 from webapp.devices.models import Device, LayerProfile
 from webapp.devices.selectors import planning_costs
@@ -177,8 +181,22 @@ def run_stage_ready(*, run: Run, device: Device, generation: int | None = None) 
         Generation.objects.update_or_create(run=running, number=0, defaults={
             "cause": Generation.Cause.START, "planner": plan.algorithm, "plan": plan.document,
             "predicted_throughput_sps": plan.throughput_sps, "resumed_at": 0.0})
-    control_event(running, "run_started")
+    control_event(running, "run_started", detail=_protection(running, plan))
     return running
+
+
+def _protection(run: Run, plan: Plan | None) -> dict[str, Any]:
+    """What the run_started event says of the layers no replica covers (a lost device's
+    restart from the seed), before it is needed; nothing when every stage is covered."""
+    if plan is None or not isinstance(plan.document, dict):
+        return {}
+    try:
+        stages = parse_plan_stages(plan.document.get("stages"), At(f"plan {plan.pk}"))
+    except FormatError:
+        return {}
+    bare = unprotected_stages(stages, chain_every=run.chain_every,
+                              global_every=run.global_every)
+    return {"unprotected": bare} if bare else {}
 
 
 def _recovering_generation(run: Run) -> int | None:
