@@ -33,13 +33,19 @@ import os
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+# imported with the app (its ready() imports this module), not on the first replica: that
+# import took seconds on a loaded machine, and a run's first global replicas, still in
+# flight, were not there when a device was lost (the run restarted from its seed)
+import torch
 from django.conf import settings
 from django.db import transaction
 from django.db.models.signals import post_delete
 from django.utils import timezone
 from safetensors import SafetensorError, safe_open
+from safetensors.torch import load as safetensors_load
+from safetensors.torch import save as safetensors_save
 
 from orchestrator.redistribution import tensor_layer
 from webapp.common.exceptions import ApplicationError, Conflict, FieldError, InvalidInput
@@ -47,9 +53,6 @@ from webapp.devices.models import Device
 from webapp.devices.selectors import model_num_layers
 from webapp.runs.models import Run, WeightReplica
 from webapp.runs.states import ACTIVE, Deployment, Recovery, RunState
-
-if TYPE_CHECKING:
-    import torch
 
 log = logging.getLogger(__name__)
 
@@ -199,8 +202,6 @@ def _check_tensors(data: bytes, *, run: Run, first: int, last: int, applied: int
         raise InvalidInput("body", "is empty; expected safetensors")
     if len(data) > limit:
         raise InvalidInput("body", f"is {len(data)} bytes, more than REPLICA_MAX_BYTES ({limit})")
-    from safetensors.torch import load as safetensors_load  # torch: only once replicas come
-
     try:
         tensors = safetensors_load(data)
     except (SafetensorError, ValueError, RuntimeError, TypeError) as exc:
@@ -340,8 +341,6 @@ def replica_read(*, run: Run, first: int, last: int, applied: int) -> bytes:
             raise ReplicaMissing(run=run, layer=layers[0], applied=applied) from None
     metadata = {"run": str(run.pk), "first": str(first), "last": str(last),
                 "applied": str(applied)}
-    from safetensors.torch import save as safetensors_save
-
     return safetensors_save(tensors, metadata=metadata)
 
 
