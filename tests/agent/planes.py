@@ -3,6 +3,9 @@ data-plane tests share."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import zmq
 
 from agent.security import DataKeys
@@ -24,3 +27,13 @@ def curve_socket(keys: DataKeys, to: DataPlane) -> zmq.Socket[bytes]:
     sock.linger = 0
     sock.connect(to.address)
     return sock
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+    """Whether ``condition`` came true within ``timeout_s`` (polled every 10 ms)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True

@@ -20,7 +20,7 @@ from agent.config import AgentConfig
 from agent.runtime import AgentRuntime
 from agent.security import DataKeys
 from agent.wire import encode
-from tests.agent.planes import curve_socket
+from tests.agent.planes import curve_socket, wait_for
 from tests.agent.test_runtime import ENROLMENT, command, held, spec
 
 X, Y = "edge-x", "edge-y"
@@ -68,14 +68,6 @@ def deploy(runtime: AgentRuntime, keys: dict[str, DataKeys], peers: list[str],
         **({"restore": []} if fields.get("generation") else {})))
     assert ack.ok, ack
 
-
-def wait_for(condition: Callable[[], bool], timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def gets_through(runtime: AgentRuntime, sock: zmq.Socket[bytes], microbatch: int,

@@ -6,8 +6,7 @@ refused, and the data plane goes on. Real data planes over CURVE, as the server 
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,6 +18,7 @@ from agent.weightservice import WeightService
 from agent.wire import encode
 from agent.zoo import build_model
 from orchestrator.protocol import HeldCopy, StageSpec
+from tests.agent.planes import wait_for
 
 DEVICES = (("a",), ("b",), ("c",))
 LAYERS = {"a": (0, 1), "b": (2, 2), "c": (3, 3)}
@@ -67,14 +67,6 @@ def agents() -> Iterator[dict[str, Agent]]:
     for agent in made.values():
         agent.plane.close()
 
-
-def wait_for(condition: Callable[[], bool], timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def weights(layers: tuple[int, int]) -> dict[str, torch.Tensor]:

@@ -5,8 +5,6 @@ agent's memory than the inbox's bounds."""
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 
 import pytest
 import torch
@@ -17,7 +15,7 @@ from agent.config import ConfigError
 from agent.security import DataKeys, load_or_create_keys
 from agent.transport import DataPlane
 from agent.wire import Message, TransportError, decode, encode
-from tests.agent.planes import curve_socket, link
+from tests.agent.planes import curve_socket, link, wait_for
 
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
                     lambda inner: st.lists(inner, max_size=4)
@@ -30,14 +28,6 @@ HEADER_FIELDS = st.fixed_dictionaries(
         "shape": JSON | st.lists(st.integers(min_value=-2, max_value=2**64), max_size=9),
         "name": JSON, "sent_at": JSON, "labels": JSON | st.integers(), "extra": JSON})
 
-
-def wait_for(condition: Callable[[], bool], timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
