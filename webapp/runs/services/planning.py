@@ -111,7 +111,7 @@ class TrainingProgress:
         best = _reward_json(best_reward)
         self.episodes.append(episode + 1)
         self.best_reward.append(best)
-        # until a candidate fits, the mean is a placeholder (no reward signal yet)
+        # until a candidate fits there is no reward signal: the mean is null
         self.mean_reward.append(None if best is None else _reward_json(mean_reward))
         now = time.monotonic()
         if now - self._saved_at >= self.every_s:
