@@ -6,9 +6,10 @@ which checks it against the database and calls the devices' and runs' services."
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -23,6 +24,7 @@ from orchestrator.protocol import (
     LinksReport,
     LinksStored,
     Message,
+    MetricSample,
     ProbeCommand,
     ProfileCommand,
     ProfileFailed,
@@ -43,7 +45,7 @@ from webapp.devices.events import event_profiling, profiling_event_send
 from webapp.devices.models import Device
 from webapp.runs import recovery
 from webapp.runs import services as run_services
-from webapp.runs.models import Run
+from webapp.runs.models import Run, RunDevice
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +106,24 @@ def _hello(device: Device, message: Hello) -> Reply:
     return Welcome(device=device.uid, name=device.name)
 
 
+# A heartbeat that says what the last one written said is written only this often: each write
+# is a database update and a Devices page event, and hundreds of agents at 1 Hz kept a web
+# process's database thread busy with them (bench/load.py). Kept well within
+# DEVICE_OFFLINE_AFTER_S, after which a silent device goes offline.
+HEARTBEAT_WRITE_S = 5.0
+
+
+def heartbeat_write_due(*, status: str, written: tuple[str, float] | None, now: float) -> bool:
+    """Whether a heartbeat saying ``status`` at ``now`` (monotonic seconds) must be written:
+    ``written`` is the status and time of the last one written for this connection (None:
+    none yet). A change of status is written at once, the same status every
+    HEARTBEAT_WRITE_S (at most a quarter of DEVICE_OFFLINE_AFTER_S)."""
+    if written is None or written[0] != status:
+        return True
+    every = min(HEARTBEAT_WRITE_S, float(settings.DEVICE_OFFLINE_AFTER_S) / 4)
+    return now - written[1] >= every
+
+
 def _heartbeat(device: Device, message: Heartbeat) -> Reply:
     device_services.device_heartbeat(device=device, status=message.status)
     return None
@@ -114,11 +134,105 @@ def _events(device: Device, message: Events) -> Reply:
     stored = run_services.run_events_store(
         run=run, device=device, timeline=list(message.timeline), faults=list(message.faults),
         metrics=list(message.metrics), stream=message.stream, seq=message.seq)
-    updates = [e.get("microbatch") for e in message.timeline
-               if e.get("kind") == "update" and isinstance(e.get("microbatch"), int)]
+    _repartition_check(run, message.timeline)
+    return Stored(run=run.pk, seq=message.seq, **stored)
+
+
+def _repartition_check(run: Run, timeline: Sequence[Mapping[str, Any]]) -> None:
+    updates = [m for e in timeline
+               if e.get("kind") == "update" and isinstance(m := e.get("microbatch"), int)]
     if updates:  # the dynamic re-partition's clock: how far training has got
         recovery.run_repartition_check(run_id=run.pk, progress=max(updates), seen=run)
-    return Stored(run=run.pk, seq=message.seq, **stored)
+
+
+# Events batches of one agent that queued up behind each other are stored together, at most
+# this many events at once (one batch holds at most orchestrator.protocol.MAX_EVENTS)
+MERGED_EVENTS_MAX = 20_000
+
+Answer = Message | Exception | None
+
+
+def agent_events(*, device_id: int, messages: Sequence[Any]) -> list[Answer]:
+    """Handle ``events`` messages an agent sent one after the other, which waited while its
+    earlier ones were stored: each answered as :func:`agent_message` answers it (its
+    ``stored``, or the exception that refused it), in order. Consecutive ones of one run and
+    stream are stored at once, in one transaction and one delta to the run's page, so that an
+    agent that fell behind catches up rather than falling further behind (bench/load.py)."""
+    readable = [_mergeable(raw) for raw in messages]
+    answers: list[Answer] = []
+    first = 0
+    while first < len(messages):
+        head, end, size = readable[first], first + 1, _size(readable[first])
+        while (head is not None and end < len(messages) and (nxt := readable[end]) is not None
+               and (nxt.run, nxt.stream) == (head.run, head.stream)
+               and size + _size(nxt) <= MERGED_EVENTS_MAX):
+            size, end = size + _size(nxt), end + 1
+        if end - first == 1:  # read already, unless it did not read as mergeable
+            answers.append(_answer(device_id, head or messages[first]))
+        else:
+            answers.extend(_events_together(device_id, cast(list[Events],
+                                                            readable[first:end])))
+        first = end
+    return answers
+
+
+def _mergeable(raw: Any) -> Events | None:
+    """``raw`` as a numbered events batch whose every metric point reads (whose answer a store
+    together can say exactly), else None: stored alone."""
+    try:
+        message = parse_agent_message(raw)
+        if not isinstance(message, Events) or message.stream is None or message.seq is None:
+            return None
+        read = MetricSample.reader()
+        for i, point in enumerate(message.metrics):
+            read(point, f"metrics[{i}]")
+    except ProtocolError:
+        return None
+    return message
+
+
+def _size(message: Events | None) -> int:
+    if message is None:
+        return MERGED_EVENTS_MAX
+    return len(message.timeline) + len(message.faults) + len(message.metrics)
+
+
+def _answer(device_id: int, message: Any) -> Answer:
+    try:
+        return agent_message(device_id=device_id, message=message)
+    except Exception as exc:  # the consumer answers it as it answers agent_message's
+        return exc
+
+
+def _events_together(device_id: int, batches: list[Events]) -> list[Answer]:
+    """Consecutive batches of one run and stream, stored as one; a batch stored already (sent
+    again after a reconnect) is skipped as run_events_store skips it. If the run refuses them
+    (a bad event, a run no longer active), nothing is stored and each is handled alone, for
+    its own answer."""
+    try:
+        with transaction.atomic():
+            device = Device.objects.get(pk=device_id)
+            if device.status == Device.Status.RETIRED:
+                raise InvalidInput("device", f"device {device.uid} is retired")
+            run = _run_of(device, batches[0].run)
+            member = (RunDevice.objects.select_for_update()
+                      .filter(run=run, device=device).first())
+            fresh = [b for b in batches if member is None or member.events_stream != b.stream
+                     or (b.seq or 0) > member.events_seq]
+            if fresh:
+                run_services.run_events_store(
+                    run=run, device=device, timeline=[e for b in fresh for e in b.timeline],
+                    faults=[f for b in fresh for f in b.faults],
+                    metrics=[dict(p) for b in fresh for p in b.metrics],
+                    stream=fresh[-1].stream, seq=fresh[-1].seq)
+    except Exception:
+        return [_answer(device_id, b) for b in batches]
+    _repartition_check(run, [e for b in fresh for e in b.timeline])
+    stored = {id(b) for b in fresh}
+    return [Stored(run=run.pk, seq=b.seq, timeline=len(b.timeline), faults=len(b.faults),
+                   metrics=len(b.metrics)) if id(b) in stored
+            else Stored(run=run.pk, seq=b.seq, timeline=0, faults=0, metrics=0)
+            for b in batches]
 
 
 def _ack(device: Device, message: Ack) -> Reply:
