@@ -76,6 +76,7 @@ MEASURE_GRANT = ("measure",)  # what a link measurement's peers are admitted und
 # a measurement's peers stay admitted this long after this agent measured its own links: they
 # measure theirs to it meanwhile, one peer after another (up to 15 s each when one is slow)
 MEASURE_GRACE_S = 120.0
+MEASURE_ATTEMPTS = 2  # a link that timed out is measured once more, after the others
 
 
 class CommandHandlers:
@@ -248,15 +249,25 @@ class CommandHandlers:
 
         def work() -> None:
             links = []
-            for uid in sorted(others):
-                try:
-                    bandwidth, latency = self.plane.measure_link(uid)
-                except TimeoutError as exc:
-                    log.warning("could not measure the link to %s: %s", uid, exc)
-                    continue
-                links.append(MeasuredLink(peer=uid, bandwidth_bps=bandwidth,
-                                          latency_s=min(60.0, latency)))
-                log.info("link to %s: %.1f MB/s, %.2f ms", uid, bandwidth / 1e6, latency * 1e3)
+            # a link that timed out is tried once more after the others: by then its peer has
+            # had its own measure command and its own measurements are further along
+            todo = sorted(others)
+            for attempt in range(MEASURE_ATTEMPTS):
+                missed = []
+                for uid in todo:
+                    try:
+                        bandwidth, latency = self.plane.measure_link(uid)
+                    except TimeoutError as exc:
+                        last = attempt == MEASURE_ATTEMPTS - 1
+                        log.warning("could not measure the link to %s%s: %s", uid,
+                                    "" if last else " (trying again after the others)", exc)
+                        missed.append(uid)
+                        continue
+                    links.append(MeasuredLink(peer=uid, bandwidth_bps=bandwidth,
+                                              latency_s=min(60.0, latency)))
+                    log.info("link to %s: %.1f MB/s, %.2f ms", uid, bandwidth / 1e6,
+                             latency * 1e3)
+                todo = missed
             self.connection.post(LinksReport(links=tuple(links)))
             self.plane.revoke(MEASURE_GRANT, after_s=MEASURE_GRACE_S)
 

@@ -366,17 +366,22 @@ class DataPlane:
         # the peer answers only once it knows this agent: the first ping may come too early,
         # before the server's measure command told the peer this agent's key, and then its
         # authenticator refused the connection, which ZeroMQ does not try again: the socket
-        # is opened anew for each retry
+        # is opened anew for each retry. Each retry waits twice as long as the last, up to
+        # what is left: a peer on a slow link answers late while its own bulk trips hold
+        # its link, and a fixed short wait could miss it every time
         deadline = time.monotonic() + timeout_s
+        wait_s = min(1.0, timeout_s)
         while True:
             try:
-                first = round_trip(1, wait_s=min(1.0, timeout_s))
+                first = round_trip(1, wait_s=wait_s)
                 break
             except TimeoutError:
-                if time.monotonic() > deadline:
+                left = deadline - time.monotonic()
+                if left <= 0:
                     raise
+                wait_s = min(2 * wait_s, left)
                 self.reopen(peer)
-        shortest = min(first, *(round_trip(1) for _ in range(pings - 1)))
+        shortest = min([first, *(round_trip(1) for _ in range(pings - 1))])
         bulk = [round_trip(bulk_bytes)]
         while len(bulk) < bulk_trips and sum(bulk) < bulk_budget_s:
             bulk.append(round_trip(bulk_bytes))

@@ -21,7 +21,7 @@ from agent.runtime import AgentRuntime
 from agent.security import DataKeys
 from agent.wire import encode
 from tests.agent.planes import curve_socket, wait_for
-from tests.agent.test_runtime import ENROLMENT, command, held, spec
+from tests.agent.test_runtime import ENROLMENT, command, held, posted, spec
 
 X, Y = "edge-x", "edge-y"
 
@@ -157,6 +157,29 @@ def test_a_measurements_peers_are_admitted_for_the_measurement_only(
     assert wait_for(lambda: not runtime.plane.authenticator.knows(keys[X].public))
     assert not gets_through(runtime, early, 1, X)
     assert not gets_through(runtime, sockets(keys[X], runtime), 2, X)
+
+
+def test_a_link_that_timed_out_is_measured_again_after_the_others(
+        runtime: AgentRuntime, keys: dict[str, DataKeys], monkeypatch: pytest.MonkeyPatch) -> None:
+    # X answers only late (its measure command came after the others'): its first try times
+    # out, the second, after Y, is measured; the report names both (it named Y only, and the
+    # server waited for X's link forever)
+    tried: list[str] = []
+
+    def measure_link(peer: str) -> tuple[float, float]:
+        tried.append(peer)
+        if tried.count(peer) == 1 and peer == X:
+            raise TimeoutError(f"no pong from {peer}")
+        return 1e6, 0.001
+
+    monkeypatch.setattr(runtime.plane, "measure_link", measure_link)
+    assert runtime.handle_command(command(
+        "measure", peers={X: "tcp://127.0.0.1:9", Y: "tcp://127.0.0.1:9"},
+        keys={X: keys[X].public_text, Y: keys[Y].public_text})).ok
+    assert wait_for(lambda: posted(runtime, "links"))
+    [report] = posted(runtime, "links")
+    assert tried == [X, Y, X]
+    assert sorted(link["peer"] for link in report["links"]) == [X, Y]
 
 
 def test_a_fetch_is_asked_again_once_the_holder_admits_the_requester(

@@ -197,6 +197,24 @@ def test_shaping_emulates_a_slow_link() -> None:
         b.close()
 
 
+def test_a_peer_that_answers_late_is_still_measured() -> None:
+    # a peer on a slow link answers a ping only after its own sends (1.5 s here): the first
+    # ping's wait of 1 s misses it, the next waits twice as long (it waited 1 s each time, and
+    # the link was never measured)
+    late = DataPlane(bind="tcp://127.0.0.1:0", identity="late",
+                     shaping=Shaping(bandwidth_bps=100_000_000, latency_s=1.5))
+    prober = DataPlane(bind="tcp://127.0.0.1:0", identity="prober")
+    try:
+        prober.connect("late", late.address, late.public_key)
+        late.connect("prober", prober.address, prober.public_key)
+        _bandwidth, latency = prober.measure_link("late", pings=1, bulk_bytes=1_000,
+                                                  bulk_trips=1, timeout_s=12)
+        assert latency > 0.5  # half the 1.5 s round trip, give or take
+    finally:
+        late.close()
+        prober.close()
+
+
 def test_links_are_measured_over_the_data_plane() -> None:
     slow = DataPlane(bind="tcp://127.0.0.1:0", identity="slow",
                      shaping=Shaping(bandwidth_bps=4_000_000, latency_s=0.02))
