@@ -61,6 +61,11 @@ from types import MappingProxyType
 from orchestrator.formats import SCHEDULES, synchronous
 
 ACTION_KINDS = ("F", "B", "A", "U", "G")
+# The most micro-batches a run trains (batches x micro-batches x epochs). A schedule lists
+# every device's actions for every micro-batch of a generation, and each agent builds it whole
+# when it deploys: memory and time grow with the count (docs/benchmarks.md, "Schedule size"),
+# so a run of a million batches exhausted its agents' memory before the first micro-batch.
+MAX_MICROBATCHES = 50_000
 _ACTION = re.compile(r"^(?:p(\d+):)?(\d+)([FBAUG])(\d+)$")
 
 

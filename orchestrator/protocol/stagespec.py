@@ -21,7 +21,7 @@ from orchestrator.protocol.fields import (
     read_optional,
     read_text,
 )
-from orchestrator.schedule import Schedule, build_schedule
+from orchestrator.schedule import MAX_MICROBATCHES, Schedule, build_schedule
 
 
 @dataclass(frozen=True)
@@ -167,6 +167,9 @@ class StageSpec:
             raise fail("layers", "must be [first, last] with first <= last", list(self.layers))
         if self.batch_size < 1 or self.microbatches < 1:
             raise fail("microbatches", "batch_size and microbatches must be positive")
+        if self.microbatches > MAX_MICROBATCHES:
+            raise fail("microbatches", f"is over the {MAX_MICROBATCHES:,} micro-batches a run "
+                       "may train", self.microbatches)
         if not self.lr > 0:
             raise fail("lr", "must be above 0", self.lr)
         for name, depths in (("inflight", self.inflight), ("lag", self.lag)):

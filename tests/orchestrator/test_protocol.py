@@ -228,6 +228,8 @@ def test_a_malformed_agent_message_is_refused_naming_the_field(raw: Any, field: 
      "must be tcp://host:port"),
     (command("deploy", run=7, spec=SPEC.to_json(), restore=[{"layers": [0, 1]}]),
      "restore[0].applied", "is missing"),
+    (command("deploy", run=7, spec={**SPEC.to_json(), "microbatches": 10**6}),
+     "spec.microbatches", "is over the 50,000 micro-batches a run may train"),
     (command("start", run=7), "started_at", "is missing"),
     (command("start", run=7, started_at=1.0, paused="yes"), "paused", "must be true or false"),
     (command("halt", run=7), "generation", "is missing"),

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.formats import synchronous
+from orchestrator.schedule import MAX_MICROBATCHES
 from webapp.demo.client import DemoError
 from webapp.demo.scenario import (
     DEFAULT_AGENTS,
@@ -22,7 +23,6 @@ from webapp.demo.scenario import (
 from webapp.runs.models import AGGREGATE_EVERY_MAX, LR_MAX, MOMENTUM_MAX
 
 HEADLESS_BATCHES = 100  # a headless demo's run, without --batches
-UNTIL_STOPPED = 10**6  # batches of an interactive demo's run: it trains until Ctrl-C
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class DemoOptions:
     dataset: str = "synthetic-cifar"
     batch_size: int = 32
     microbatches: int = 8
-    batches: int | None = None  # None: 100 headless, else until Ctrl-C (UNTIL_STOPPED)
+    batches: int | None = None  # None: 100 headless, else the most a run may train
     schedule: str = "1f1b"
     algorithms: tuple[str, ...] = DEFAULT_ALGORITHMS
     plan: str = "ftpipehd"
@@ -56,10 +56,11 @@ class DemoOptions:
     aggregate_every: int | None = None  # 1F1B's weight aggregation (None: the default, 0: off)
 
     def batches_to_train(self) -> int:
-        """--batches, else 100 headless, else as many as the run takes: until Ctrl-C."""
+        """--batches, else 100 headless, else as many as a run may train
+        (orchestrator.schedule.MAX_MICROBATCHES): until Ctrl-C, for all a user watches."""
         if self.batches is not None:
             return self.batches
-        return HEADLESS_BATCHES if self.headless else UNTIL_STOPPED
+        return HEADLESS_BATCHES if self.headless else MAX_MICROBATCHES // self.microbatches
 
 
 def stop_run(testbed: LocalTestbed, run_id: int, say: Callable[[str], None]) -> None:
@@ -149,7 +150,8 @@ def run_demo(options: DemoOptions, *, say: Callable[[str], None] = print
         if o.headless:
             return testbed.finish(compared["run"], timeout_s=o.run_timeout_s)
         say("Ctrl-C stops the demo" if o.batches is not None else
-            "it trains until Ctrl-C stops the demo (--batches N: N batches)")
+            f"it trains {o.batches_to_train():,} batches, or until Ctrl-C stops the demo "
+            "(--batches N: N batches)")
         try:
             while True:
                 testbed.check_children()

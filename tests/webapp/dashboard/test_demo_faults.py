@@ -17,8 +17,9 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
+from orchestrator.schedule import MAX_MICROBATCHES
 from webapp.demo.client import DemoError
-from webapp.demo.demo import UNTIL_STOPPED, DemoOptions, run_demo, stop_run
+from webapp.demo.demo import DemoOptions, run_demo, stop_run
 from webapp.demo.management.commands.demo import Command
 from webapp.demo.processes import ProcessGroup
 from webapp.demo.scenario import DEFAULT_AGENTS, LocalTestbed
@@ -246,7 +247,7 @@ def test_the_demo_creates_its_run_with_the_options_settings(monkeypatch):
 
 
 @pytest.mark.parametrize(("options", "batches"), [
-    (DemoOptions(), UNTIL_STOPPED), (DemoOptions(headless=True), 100),
+    (DemoOptions(), MAX_MICROBATCHES // 8), (DemoOptions(headless=True), 100),
     (DemoOptions(batches=7), 7), (DemoOptions(batches=7, headless=True), 7)])
 def test_the_demo_trains_until_stopped_unless_told_how_long(options, batches):
     # the demo's 100 batches were over before a new user looked at the run page

@@ -9,6 +9,7 @@ import inspect
 
 import pytest
 
+from orchestrator.schedule import MAX_MICROBATCHES
 from tests.webapp.factories import (
     DeviceFactory,
     LayerProfileFactory,
@@ -184,3 +185,31 @@ def test_every_stage_spec_carries_the_runs_vertical_sync_and_aggregation(setting
     sent_json = [s.to_json() for s in specs.values()]
     assert all(type(s["vertical_sync"]) is bool and type(s["aggregate_every"]) is int
                for s in sent_json)
+
+
+@pytest.mark.parametrize(("fields", "ok"), [
+    ({"microbatches": 8, "batches": MAX_MICROBATCHES // 8}, True),
+    ({"microbatches": 8, "batches": MAX_MICROBATCHES // 8 + 1}, False),
+    ({"microbatches": 4, "batches": 1000, "epochs": 13}, False),
+    ({"microbatches": 1024, "batches": 10**9}, False),
+])
+def test_a_run_is_refused_more_micro_batches_than_an_agent_can_schedule(api, fields, ok):
+    # each agent builds its generation's whole schedule when it deploys: the demo's run of a
+    # million batches grew its agents to 7 GB each before the first micro-batch
+    created = api.post("/api/runs/", body(**fields), format="json")
+    if ok:
+        assert created.status_code == 201, created.json()
+        return
+    assert created.status_code == 400
+    assert "batches" in created.json()["errors"][0]["field"]
+    assert f"at most {MAX_MICROBATCHES:,}" in created.json()["errors"][0]["reason"]
+    assert not Run.objects.exists()
+
+
+def test_the_demo_s_run_until_stopped_is_one_a_run_may_train():
+    from webapp.demo.demo import DemoOptions
+
+    for microbatches in (1, 8, 24):
+        options = DemoOptions(microbatches=microbatches)
+        total = options.batches_to_train() * microbatches
+        assert MAX_MICROBATCHES - microbatches < total <= MAX_MICROBATCHES

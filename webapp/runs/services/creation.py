@@ -11,6 +11,7 @@ from django.db import transaction
 
 from orchestrator.formats import SCHEDULES, synchronous
 from orchestrator.partition import PLANNERS
+from orchestrator.schedule import MAX_MICROBATCHES
 from webapp.common.exceptions import InvalidInput, distinct_choices
 from webapp.devices.models import Device, ModelSpec
 from webapp.runs import events
@@ -61,6 +62,12 @@ def run_create(*, name: str, model_spec: ModelSpec, devices: Sequence[Device],
             raise InvalidInput(f"devices[{i}]", f"repeats device {device.pk}")
     if schedule not in SCHEDULES:
         raise InvalidInput("schedule", f"must be one of {', '.join(SCHEDULES)}")
+    total = microbatches * batches * epochs
+    if total > MAX_MICROBATCHES:
+        raise InvalidInput("batches", f"{batches:,} batches of {microbatches} micro-batches"
+                           + (f" over {epochs} epochs" if epochs > 1 else "")
+                           + f" make {total:,} micro-batches; a run trains at most "
+                           f"{MAX_MICROBATCHES:,}")
     fault_settings = {"chain_every": chain_every, "global_every": global_every,
                       "repartition_after": repartition_after,
                       "repartition_every": repartition_every}
