@@ -23,7 +23,7 @@ from tests.webapp.factories import (
 from tests.webapp.openapi import Schema, generate
 from tests.webapp.split.factories import MNIST, SplitScheduleFactory, SplitStudyFactory
 from webapp.devices.models import Device
-from webapp.runs.models import Plan, Run
+from webapp.runs.models import Plan, Run, TimelineEvent
 from webapp.split.models import SplitSchedule
 
 pytestmark = pytest.mark.django_db
@@ -89,6 +89,17 @@ def _runs(call: Calls, api: APIClient, anon: APIClient) -> None:
     call(api, "get", f"/api/runs/{draft.pk}/plans/", expect=200)
     call(api, "get", "/api/runs/999999/plans/", expect=404)
     call(api, "get", f"/api/runs/{draft.pk}/plans/compare/", expect=200)
+    TimelineEvent.objects.bulk_create(
+        TimelineEvent(run=running, device=d.uid, stage=k, kind="forward", microbatch=m,
+                      version=0, start=0.1 * m, end=0.1 * m + 0.05)
+        for k, d in enumerate(devices) for m in range(4))
+    call(api, "get", f"/api/runs/{running.pk}/timeline/", expect=200)
+    call(api, "get", f"/api/runs/{running.pk}/timeline/", {"max_events": 0, "max_bars": 2},
+         expect=200)
+    call(api, "get", f"/api/runs/{draft.pk}/timeline/", expect=200)  # no events: newest null
+    call(api, "get", f"/api/runs/{running.pk}/timeline/", {"start": 2, "end": 1}, expect=400)
+    call(anon, "get", f"/api/runs/{running.pk}/timeline/", expect=401)
+    call(api, "get", "/api/runs/999999/timeline/", expect=404)
     call(api, "get", "/api/runs/999999/plans/compare/", expect=404)
     call(api, "post", f"/api/runs/{RunFactory(model_spec=spec, devices=devices).pk}/plan/", {},
          expect=202)

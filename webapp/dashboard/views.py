@@ -184,6 +184,7 @@ def run(request: HttpRequest, run_id: int) -> HttpResponse:
             "plan_timeline": reverse("dashboard-api:plan-timeline", args=[found.pk, 0])
             .replace("/0/timeline/", "/{plan}/timeline/"),
             "ghost": reverse("dashboard-api:run-planned", args=[found.pk]),
+            "timeline": reverse("run-timeline", args=[found.pk]),
             "stop_agent": reverse("device-stop-agent", args=[0]).replace("/0/", "/{id}/"),
             "restart_agent": reverse("device-restart-agent", args=[0]).replace("/0/", "/{id}/"),
         },

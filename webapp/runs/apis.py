@@ -191,6 +191,54 @@ class PlanCompareApi(APIView):
         return Response(selectors.plan_compare(run=_run(run_id)))
 
 
+class RunTimelineApi(APIView):
+    class TimelineQuery(serializers.Serializer):
+        # query parameters are text: DRF's own fields parse them
+        start = serializers.FloatField(min_value=0.0, required=False,
+                                       help_text="seconds since the run started (default 0)")
+        end = serializers.FloatField(min_value=0.0, required=False,
+                                     help_text="default: the end of the run's newest event")
+        max_bars = serializers.IntegerField(
+            min_value=1, max_value=selectors.TIMELINE_MAX_BARS, required=False, default=600,
+            help_text="at most this many bars per device and lane when downsampled")
+        max_events = serializers.IntegerField(
+            min_value=0, max_value=selectors.TIMELINE_MAX_EVENTS, required=False,
+            default=selectors.TIMELINE_EXACT_EVENTS,
+            help_text="the events themselves when at most this many overlap the span")
+
+        def validate(self, data: dict) -> dict:
+            start, end = data.get("start", 0.0), data.get("end")
+            if end is not None and end <= start:
+                raise serializers.ValidationError({"end": f"must be after start ({start:g})"})
+            return data
+
+    @extend_schema(parameters=[TimelineQuery], responses={200: inline_serializer("RunTimeline", {
+        "run": serializers.IntegerField(),
+        "start_s": serializers.FloatField(), "end_s": serializers.FloatField(),
+        "newest_s": serializers.FloatField(allow_null=True,
+                                           help_text="the end of the run's newest event"),
+        "events_in_span": serializers.IntegerField(),
+        "exact": serializers.BooleanField(help_text="events (true) or bars (false)"),
+        "bin_s": serializers.FloatField(help_text="the bars' resolution: span / max_bars"),
+        "events": serializers.ListField(child=serializers.DictField(),
+                                        help_text="timeline events (docs/architecture.md)"),
+        "bars": serializers.ListField(
+            child=serializers.DictField(),
+            help_text="device, lane (compute, sync, comm), kind (most busy seconds), start, "
+                      "end, count (events merged), busy_s, microbatches [first, last]"),
+    }), **errors(400, 401, 404)})
+    def get(self, request: Request, run_id: int) -> Response:
+        """The run's timeline over a span (default: the whole run): its events when few
+        enough, else downsampled to at most max_bars bars per device and lane."""
+        run = _run(run_id)
+        query = self.TimelineQuery(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        data = query.validated_data
+        return Response(selectors.run_timeline_span(
+            run=run, start_s=data.get("start"), end_s=data.get("end"),
+            max_bars=data["max_bars"], max_events=data["max_events"]))
+
+
 # --------------------------------------------------------------------------- agents
 
 

@@ -24,6 +24,7 @@ from orchestrator.formats import (
     parse_profile,
 )
 from orchestrator.simulator import simulate
+from orchestrator.timeline_overview import timeline_downsample
 from webapp.devices.models import Device, DeviceLink, LayerProfile
 from webapp.devices.selectors import planning_costs, planning_resources
 from webapp.runs.models import FaultEvent, MetricPoint, Plan, Run, RunDevice, TimelineEvent
@@ -238,6 +239,46 @@ def run_timeline_window(*, run: Run, window_s: float = LIVE_WINDOW_S,
     ``limit`` of them (default LIVE_MAX_EVENTS)."""
     limit = LIVE_MAX_EVENTS if limit is None else limit
     return newest_events(_timeline_window_json(run, window_s, newest_n=limit), limit)
+
+
+# the timeline API: at most this many bars per device and lane, exact events up to this many
+TIMELINE_MAX_BARS = 2000
+TIMELINE_MAX_EVENTS = 20000
+TIMELINE_EXACT_EVENTS = LIVE_MAX_EVENTS
+
+
+def run_timeline_newest(*, run: Run) -> float | None:
+    """The end of the run's newest timeline event (None: it has none)."""
+    newest: float | None = TimelineEvent.objects.filter(run=run).aggregate(m=Max("end"))["m"]
+    return newest
+
+
+def run_timeline_span(*, run: Run, start_s: float | None = None, end_s: float | None = None,
+                      max_bars: int = 600, max_events: int = TIMELINE_EXACT_EVENTS
+                      ) -> dict[str, Any]:
+    """The run's timeline over [start_s, end_s] (default: the whole run, 0 to its newest
+    event's end): its events themselves when at most ``max_events`` overlap the span, else
+    the span downsampled to at most ``max_bars`` bars per device and lane
+    (orchestrator.timeline_overview). What the run page's Gantt draws of a past window, and
+    of the whole run."""
+    newest = run_timeline_newest(run=run)
+    lo = 0.0 if start_s is None else start_s
+    hi = (newest if newest is not None and newest > lo else lo + 1.0) if end_s is None else end_s
+    overlapping = TimelineEvent.objects.filter(run=run, end__gte=lo, start__lte=hi)
+    count = overlapping.count()
+    out: dict[str, Any] = {"run": run.pk, "start_s": lo, "end_s": hi, "newest_s": newest,
+                           "events_in_span": count, "exact": count <= max_events,
+                           "bin_s": (hi - lo) / max_bars, "events": [], "bars": []}
+    if count <= max_events:
+        out["events"] = sorted(_timeline_rows_json(run, overlapping), key=timeline_order)
+        return out
+    rows = overlapping.values_list("device", "kind", "microbatch", "start", "end")
+    records = (TimelineRecord(run=run.pk, device=device, stage=0, kind=kind,
+                              microbatch=microbatch, version=0, start=start, end=end)
+               for device, kind, microbatch, start, end in rows.iterator(chunk_size=5000))
+    out["bars"] = [b.to_json() for b in timeline_downsample(records, start_s=lo, end_s=hi,
+                                                            max_bars=max_bars)]
+    return out
 
 
 def run_metrics_window(*, run: Run, window_s: float = LIVE_WINDOW_S) -> list[dict[str, Any]]:

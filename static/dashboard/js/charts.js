@@ -46,6 +46,32 @@
       (e.bytes ? "<br>" + EP.fmt.bytes(e.bytes) : "");
   }
 
+  /* a bar (start, end) on row position y in the group of its kind: Plotly's points of a line
+     segment, and the bar itself at each point (meta) */
+  function addSegment(groups, kind, lane, y, item, text) {
+    const g = groups[kind] || (groups[kind] = { x: [], y: [], text: [], items: [], lane: lane });
+    g.x.push(item.start, (item.start + item.end) / 2, item.end, null);
+    g.y.push(y, y, y, null);
+    g.text.push(text, text, text, null);
+    g.items.push(item, item, item, null);
+  }
+
+  /* one trace per kind of the groups addSegment filled; more(kind, group): its own fields */
+  function segmentTraces(groups, rowPx, more) {
+    const traces = [];
+    for (const kind of Object.keys(KINDS)) {
+      const g = groups[kind];
+      if (!g) continue;
+      traces.push(Object.assign({
+        type: "scatter", mode: "lines", x: g.x, y: g.y, text: g.text,
+        hovertemplate: "%{text}<extra></extra>",
+        line: { color: KINDS[kind].color, width: Math.max(2, rowPx * LANES[g.lane].width) },
+        showlegend: true, connectgaps: false,
+      }, more(kind, g)));
+    }
+    return traces;
+  }
+
   /* traces of `events` on rows {uid: index}; opts: {ghost, rowPx, labels, xmin, xmax}. Planned
      ghosts are the compute and aggregation bars (a plan's transfers are not drawn). */
   function ganttTraces(events, rows, opts) {
@@ -57,32 +83,43 @@
       const spec = KINDS[e.kind] || KINDS.load;
       if (opts.ghost && spec.lane === "comm") continue;
       const lane = opts.ghost ? "ghost" : spec.lane;
-      const g = groups[e.kind] || (groups[e.kind] = { x: [], y: [], text: [], lane: lane });
-      const y = row + LANES[lane].y;
-      const t = hoverText(e, opts.labels[e.device] || e.device, opts.ghost);
-      g.x.push(e.start, (e.start + e.end) / 2, e.end, null);
-      g.y.push(y, y, y, null);
-      g.text.push(t, t, t, null);
-      if (!g.events) g.events = [];
-      g.events.push(e, e, e, null);
+      addSegment(groups, e.kind, lane, row + LANES[lane].y, e,
+                 hoverText(e, opts.labels[e.device] || e.device, opts.ghost));
     }
-    const traces = [];
-    for (const kind of Object.keys(KINDS)) {
-      const g = groups[kind];
-      if (!g) continue;
-      traces.push({
-        type: "scatter", mode: "lines", x: g.x, y: g.y, text: g.text,
-        hovertemplate: "%{text}<extra></extra>",
-        line: { color: KINDS[kind].color, width: Math.max(2, opts.rowPx * LANES[g.lane].width) },
-        meta: { events: g.events }, // the event of each point: flowOf finds a transfer's other end
+    return segmentTraces(groups, opts.rowPx, function (kind, g) {
+      return {
+        meta: { events: g.items }, // the event of each point: flowOf finds a transfer's other end
         opacity: opts.ghost ? 0.38 : 1,
         name: opts.ghost ? "planned " + kind : KINDS[kind].label,
         legendgroup: opts.ghost ? "planned" : kind,
         legendrank: (opts.ghost ? 100 : 1) + Object.keys(KINDS).indexOf(kind),
-        showlegend: true, connectgaps: false,
-      });
+      };
+    });
+  }
+
+  /* traces of a downsampled timeline's bars (GET /api/runs/<id>/timeline/: each merges the
+     events of a device and lane within a bin of the span) on rows {uid: index}; drawn as the
+     events are, coloured by the kind that kept the bar busy longest; opts: {rowPx, labels}.
+     Each trace's meta.bars holds the bar of each point. */
+  function overviewTraces(bars, rows, opts) {
+    const groups = {};
+    for (const b of bars) {
+      const row = rows[b.device];
+      if (row === undefined) continue;
+      const kind = b.kind in KINDS ? b.kind : "load";
+      const lane = LANES[b.lane] ? b.lane : KINDS[kind].lane;
+      const length = Math.max(b.end - b.start, 1e-9);
+      addSegment(groups, kind, lane, row + LANES[lane].y, b,
+        "<b>" + EP.plural(b.count, "event") + "</b> · mostly " + EP.esc(b.kind) +
+        " · micro-batches " + b.microbatches[0] + "–" + b.microbatches[1] + "<br>" +
+        EP.esc(opts.labels[b.device] || b.device) + "<br>" + b.start.toFixed(3) + " – " +
+        b.end.toFixed(3) + " s, busy " + Math.round((100 * b.busy_s) / length) + "%" +
+        "<br><i>zoom in for the events</i>");
     }
-    return traces;
+    return segmentTraces(groups, opts.rowPx, function (kind, g) {
+      return { meta: { bars: g.items }, name: KINDS[kind].label, legendgroup: kind,
+               legendrank: 1 + Object.keys(KINDS).indexOf(kind) };
+    });
   }
 
   /* The other end of a transfer: for a send, the receive of the same micro-batch on a
@@ -302,7 +339,8 @@
   }
 
   EP.charts = {
-    KINDS: KINDS, IDLE: IDLE, ganttTraces: ganttTraces, ganttLayout: ganttLayout, rowHeight: rowHeight,
+    KINDS: KINDS, IDLE: IDLE, ganttTraces: ganttTraces, overviewTraces: overviewTraces,
+    ganttLayout: ganttLayout, rowHeight: rowHeight,
     flowOf: flowOf, flowArrow: flowArrow,
     stageRows: stageRows, labelMargin: labelMargin,
     trainingTraces: trainingTraces, trainingLayout: trainingLayout,

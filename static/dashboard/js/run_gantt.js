@@ -1,6 +1,15 @@
 /* The run page's live Gantt (EdgePipe.run, run.js): the window of the newest events with the
    chosen plan's ghosts beneath, the fault marks, zoom and follow, and the flow arrow from a
-   send to its receive on hover. */
+   send to its receive on hover.
+
+   Three ways to look: "follow" (the live tail, from the snapshot's window), the whole run
+   (the overview: GET /api/runs/<id>/timeline/, downsampled by the server to about a bar per
+   pixel per device and lane, the live tail after it from the window), and a window the user
+   zoomed or panned to. A window the page holds (it starts after the oldest event the
+   snapshot's window keeps) is drawn from the window; any other is fetched from the same API
+   (its events when few enough, else bars at the window's resolution) and drawn once it comes,
+   the overview (or the coarser bars it had) meanwhile. Double-click (zoom out) returns to the
+   overview, *Follow live* to the tail. */
 (function () {
   "use strict";
   const EP = window.EdgePipe;
@@ -8,8 +17,13 @@
   const cfg = R.cfg;
   const labels = R.labels;
   const $ = R.$;
-  const view = { span: "auto", follow: true, userRange: null };
+  const view = { span: "auto", follow: true, overview: false, userRange: null };
   const ghosts = { plan: null, lo: 0, hi: -1, events: [], loading: false, error: "" };
+  /* spans fetched from the timeline API: the whole run's overview and one zoomed window's
+     detail, each an answer of the API (start_s, end_s, exact, events, bars, bin_s) */
+  const fetched = { overview: null, detail: null, pending: "", failed: "", error: "" };
+  // what the Gantt shows now (EdgePipe.runPage.gantt(): the browser tests read it)
+  let shown = { mode: "follow", range: null, source: "live", exact: true, events: [] };
 
   /* ---------------------------------------------------------------- live Gantt */
 
@@ -41,7 +55,8 @@
 
   async function loadGhosts(lo, hi) {
     const plan = R.snap.run.chosen_plan;
-    if (!plan || ghosts.loading) return;
+    // a wide view (the overview of a long run) draws no ghosts: too many, and too thin to see
+    if (!plan || ghosts.loading || hi - lo > GHOST_SPAN_S) return;
     if (ghosts.plan === plan && lo >= ghosts.lo && hi <= ghosts.hi) return;
     ghosts.loading = true;
     const from = Math.max(0, lo - 5);
@@ -58,6 +73,105 @@
     R.render();
   }
 
+  /* ---------------------------------------------------------------- the whole run */
+
+  const GHOST_SPAN_S = 300; // the ghosts API answers at most 600 s; the page asks for 35 s more
+  const OVERVIEW_REFRESH_MS = 5000; // a live run's overview, fetched again at most this often
+  const MIN_BARS = 100;
+  const MAX_FETCH_BARS = 2000; // the API's limit
+
+  /* the Gantt's plot width in pixels: the bars a fetch asks for (about one per pixel) */
+  function plotBars() {
+    const width = $("gantt").clientWidth || 800;
+    return Math.max(MIN_BARS, Math.min(MAX_FETCH_BARS, Math.round(width)));
+  }
+
+  function newestEnd() {
+    let hi = 0;
+    for (const e of R.snap.timeline) if (e.end > hi) hi = e.end;
+    return hi;
+  }
+
+  /* where the window the page holds starts: every event that ends after it is held (the
+     window keeps the newest events by their end) */
+  function heldFrom() {
+    let lo = Infinity;
+    for (const e of R.snap.timeline) if (e.end < lo) lo = e.end;
+    return lo;
+  }
+
+  function overviewRange() {
+    const hi = Math.max(newestEnd(), fetched.overview ? fetched.overview.end_s : 0);
+    return [0, Math.max(hi, 1)];
+  }
+
+  /* whether an answer of the API draws [lo, hi] finely enough: its events, or bars no wider
+     than two pixels of the view */
+  function fine(answer, lo, hi) {
+    return answer.exact || answer.bin_s <= (2 * (hi - lo)) / plotBars();
+  }
+
+  function covers(answer, lo, hi) { return answer && answer.start_s <= lo && hi <= answer.end_s; }
+
+  async function fetchSpan(which, lo, hi) {
+    const bars = plotBars();
+    const query = which === "overview" ? "?max_bars=" + bars
+      : "?start=" + lo.toFixed(4) + "&end=" + hi.toFixed(4) + "&max_bars=" + bars;
+    if (fetched.pending || fetched.failed === query) return;
+    fetched.pending = query;
+    const answer = await EP.api("GET", cfg.urls.timeline + query);
+    fetched.pending = "";
+    if (!answer.ok) {
+      fetched.failed = query;
+      fetched.error = (answer.data && answer.data.detail) || "the server answered " + answer.status;
+    } else {
+      fetched.failed = "";
+      fetched.error = "";
+      fetched[which] = Object.assign({ fetched_at: Date.now() }, answer.data);
+    }
+    R.dirty.add("timeline");
+    R.render();
+  }
+
+  /* What to draw of [lo, hi] and where it comes from: the window the page holds when it
+     covers the view; else a fetched span (the zoomed window's detail, else the overview),
+     followed by the events the page holds past its end; fetching what is missing. */
+  function sourceFor(range) {
+    const held = R.snap.timeline;
+    const lo = range[0];
+    const hi = range[1];
+    if (view.follow || (!view.overview && lo >= heldFrom())) {
+      return { source: "live", exact: true, events: held, bars: [] };
+    }
+    const overview = fetched.overview;
+    let best = null;
+    if (view.overview) {
+      const stale = !overview || (newestEnd() > overview.end_s + 0.02 * overview.end_s &&
+                                  Date.now() - overview.fetched_at > OVERVIEW_REFRESH_MS);
+      if (stale) fetchSpan("overview", 0, hi);
+      if (overview) best = { answer: overview, source: "overview" };
+    } else {
+      const detail = fetched.detail;
+      if (detail && covers(detail, lo, Math.min(hi, detail.end_s)) && fine(detail, lo, hi)) {
+        best = { answer: detail, source: "detail" };
+      } else if (overview && fine(overview, lo, hi)) {
+        best = { answer: overview, source: "overview" };
+      } else {
+        const span = hi - lo;
+        fetchSpan("detail", Math.max(0, lo - span / 2), hi + span / 2);
+        // meanwhile: the coarser detail or the overview, whichever covers the view
+        if (detail && covers(detail, lo, Math.min(hi, detail.end_s))) best = { answer: detail, source: "detail" };
+        else if (overview) best = { answer: overview, source: "overview" };
+        else fetchSpan("overview", 0, hi);
+      }
+    }
+    if (!best) return { source: "live", exact: true, events: held, bars: [] };
+    const end = best.answer.end_s;
+    const tail = held.filter(function (e) { return e.start > end; });
+    return { source: best.source, exact: best.answer.exact, events: best.answer.events.concat(tail),
+             bars: best.answer.bars };
+  }
+
   function renderGantt() {
     const chart = $("gantt");
     const empty = $("gantt-empty");
@@ -66,15 +180,20 @@
     chart.hidden = !hasData;
     $("gantt-tools").hidden = !hasData;
     if (!hasData) return;
-    const range = view.follow ? timelineRange() : view.userRange;
+    const range = view.follow ? timelineRange() : view.overview ? overviewRange() : view.userRange;
     loadGhosts(range[0], range[1]);
     const gantt = R.ganttRows();
     const px = EP.charts.rowHeight(gantt.rows.length);
     const opts = { rowPx: px, labels: gantt.labels, xmin: range[0], xmax: range[1] };
+    const drawn = sourceFor(range);
+    shown = { mode: view.follow ? "follow" : view.overview ? "overview" : "range", range: range,
+              source: drawn.source, exact: drawn.bars.length === 0, events: drawn.events,
+              bars: drawn.bars, pending: Boolean(fetched.pending) };
     const traces = EP.charts.ganttTraces(ghosts.events, gantt.index, Object.assign({ ghost: true }, opts))
-      .concat(EP.charts.ganttTraces(R.snap.timeline, gantt.index, opts));
+      .concat(EP.charts.overviewTraces(drawn.bars, gantt.index, opts))
+      .concat(EP.charts.ganttTraces(drawn.events, gantt.index, opts));
     const layout = EP.charts.ganttLayout(gantt.rows, {
-      height: px * gantt.rows.length + 90, xrange: range, uirevision: "live", width: chart.clientWidth,
+      height: px * gantt.rows.length + 90, xrange: range, uirevision: "live-" + looks, width: chart.clientWidth,
     });
     const marks = R.snap.faults.filter(function (f) { return f.at >= range[0] && f.at <= range[1]; });
     const labelled = marks.filter(function (f) { return f.kind in MARK_LABELS; });
@@ -111,10 +230,15 @@
         hovertemplate: "%{text}<extra></extra>",
       });
     }
-    $("ghost-note").textContent = ghosts.error ? "planned bars unavailable: " + ghosts.error
-      : R.snap.run.chosen_plan ? "faint bars: the chosen plan, as simulated from the first measured event"
-        : "";
-    Plotly.react(chart, traces, layout, EP.plotConfig).then(bindGanttZoom);
+    $("ghost-note").textContent = fetched.error ? "the run's timeline is unavailable: " + fetched.error
+      : drawn.bars.length ? "merged bars: zoom in for the events"
+        : ghosts.error ? "planned bars unavailable: " + ghosts.error
+          : R.snap.run.chosen_plan && range[1] - range[0] <= GHOST_SPAN_S
+            ? "faint bars: the chosen plan, as simulated from the first measured event" : "";
+    // a double-click zooms out to the whole run (autosize: Plotly's default would go back to
+    // the range of the last redraw, the zoomed one)
+    Plotly.react(chart, traces, layout, Object.assign({}, EP.plotConfig, { doubleClick: "autosize" }))
+      .then(bindGanttZoom);
   }
 
   /* the Gantt's fault marks: a dashed line at each loss (red), re-partition (purple) and
@@ -155,7 +279,7 @@
     const point = ev.points && ev.points[0];
     const events = point && point.data.meta && point.data.meta.events;
     const e = events ? events[point.pointNumber] : null;
-    const other = EP.charts.flowOf(e, R.snap.timeline);
+    const other = EP.charts.flowOf(e, shown.events);
     flow = !other ? null : e.kind === "send" ? { send: e, recv: other } : { send: other, recv: e };
     scheduleFlow();
   }
@@ -186,32 +310,41 @@
     $("gantt").on("plotly_hover", showFlow);
     $("gantt").on("plotly_unhover", hideFlow);
     $("gantt").on("plotly_relayout", function (ev) {
-      if (ev["xaxis.range[0]"] !== undefined) {
-        view.follow = false;
-        view.userRange = [ev["xaxis.range[0]"], ev["xaxis.range[1]"]];
-        $("follow").hidden = false;
-      } else if (ev["xaxis.autorange"]) {
-        view.follow = true;
-        $("follow").hidden = true;
-        R.dirty.add("timeline");
-        R.render();
-      }
+      const range = ev["xaxis.range"] || (ev["xaxis.range[0]"] !== undefined
+        ? [ev["xaxis.range[0]"], ev["xaxis.range[1]"]] : null);
+      // zoomed out (a double-click, Autoscale): the whole run; the event may carry the range
+      // Plotly fitted to what it drew, which is not the run
+      if (ev["xaxis.autorange"]) look({ follow: false, overview: true });
+      // a zoom or a pan: that window, fetched if the page does not hold it
+      else if (range) look({ follow: false, overview: false, userRange: [Number(range[0]), Number(range[1])] });
     });
   }
 
-  $("follow").addEventListener("click", function () {
-    view.follow = true;
-    $("follow").hidden = true;
+  /* a new way to look (follow, the whole run, a window): a new uirevision, so that Plotly
+     drops what the user's gesture left (a double-click's autorange would otherwise outlive
+     the redraw and fit the axis to what was drawn) */
+  let looks = 0;
+  function look(how) {
+    looks += 1;
+    Object.assign(view, how);
+    $("follow").hidden = view.follow;
+    if (view.overview) $("span").value = "all";
+    else if (view.follow) $("span").value = view.span;
     R.dirty.add("timeline");
     R.render();
-  });
+  }
+
+  $("follow").addEventListener("click", function () { look({ follow: true, overview: false }); });
   $("span").addEventListener("change", function (ev) {
+    if (ev.target.value === "all") {
+      look({ follow: false, overview: true });
+      return;
+    }
     view.span = ev.target.value;
-    view.follow = true;
-    $("follow").hidden = true;
-    R.dirty.add("timeline");
-    R.render();
+    look({ follow: true, overview: false });
   });
+
+  EP.runPage.gantt = function () { return shown; };
 
   R.renderGantt = renderGantt;
 })();
