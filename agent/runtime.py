@@ -9,8 +9,9 @@
 - the stages held here, in a locked registry by (run, pipeline, stage) (agent.deployments);
 - the command handlers (agent.handlers, deploying and starting in agent.launch);
 - the weight service (agent.weightservice: restoring, replicating, answering fetches);
-- what the stages produce, batched for the server (agent.reporting), and this machine's warm
-  layer times (agent.warmtimes).
+- what the stages produce, batched for the server (agent.reporting), with the device's CPU,
+  memory and temperature while it trains (agent.system), and this machine's warm layer times
+  (agent.warmtimes).
 
 It says hello with its data plane's address, its hardware, its measured fixed costs and its
 emulated compute resources (``--resources``), and stops cleanly on SIGTERM (agent.cli).
@@ -38,6 +39,7 @@ from agent.handlers import CommandHandlers
 from agent.profiler import measure_message_cost, measure_overhead
 from agent.reporting import Reporter
 from agent.security import DataKeys, load_or_create_keys
+from agent.system import SystemMonitor
 from agent.transport import DataPlane, Shaping
 from agent.warmtimes import WarmTimes
 from agent.weightservice import HttpReplicaServer, ReplicaServer, WeightService
@@ -90,6 +92,7 @@ class AgentRuntime:
         self.deployments = Deployments()
         self.reporter = Reporter(uid=self.uid, deployments=self.deployments,
                                  post=self.connection.post, clock=self.connection.server_time)
+        self.system = SystemMonitor(deployments=self.deployments, report=self.reporter.metric)
         self.plane = DataPlane(
             bind=f"tcp://{config.data_host}:{config.data_port}", identity=self.uid,
             clock=self.connection.server_time,
@@ -171,6 +174,7 @@ class AgentRuntime:
         return self.handlers.blocks(raw)
 
     def flush(self) -> None:
+        self.system.tick()  # CPU, memory and temperature every few seconds while training
         self.reporter.flush()
 
     def stopping(self) -> None:

@@ -43,6 +43,7 @@ from orchestrator.protocol.commands import (
 )
 from orchestrator.protocol.fields import ProtocolError
 from orchestrator.protocol.records import (
+    SYSTEM_METRICS,
     DeviceResource,
     HeldCopy,
     MeasuredLink,
@@ -94,6 +95,7 @@ __all__ = [
     "HARDWARE",
     "MAX_REFUSALS",
     "SERVER_MESSAGES",
+    "SYSTEM_METRICS",
     "Ack",
     "ChainReplica",
     "Command",

@@ -13,6 +13,7 @@ from typing import Any, ClassVar, TypeVar, cast
 from orchestrator.protocol.fields import (
     MAX_PEERS,
     MAX_RESOURCES,
+    ProtocolError,
     Reader,
     address,
     curve_key,
@@ -203,16 +204,50 @@ class ModelSpecRef(_Record):
     batch_size: int = wire(integer(minimum=1, maximum=2**20))
 
 
+# A device's system figures, which its agent samples while it trains (agent.system): kind ->
+# the range its value must lie in. CPU use is a share of all the device's cores (the agent
+# process's too, so that both read on one axis), memory in bytes, the temperature in degrees
+# Celsius (the hottest sensor's; only where the device has one).
+SYSTEM_METRICS: Mapping[str, tuple[float, float]] = {
+    "cpu_pct": (0.0, 100.0), "proc_cpu_pct": (0.0, 100.0),
+    "mem_used_bytes": (0.0, 2.0**53), "mem_total_bytes": (0.0, 2.0**53),
+    "proc_rss_bytes": (0.0, 2.0**53), "temp_c": (-100.0, 200.0)}
+
+
 @dataclass(frozen=True, kw_only=True)
 class MetricSample(_Record):
-    """One metric point (loss, accuracy, throughput_sps, network_bps) on the run's clock;
-    ``device`` is empty for a figure of the whole run."""
+    """One metric point (loss, accuracy, throughput_sps, network_bps, or one of the
+    :data:`SYSTEM_METRICS`) on the run's clock; ``device`` is empty for a figure of the whole
+    run. A system figure names its device and lies in its kind's range."""
 
     WHAT = "a metric point"
     at: float = wire(number(minimum=-math.inf))
     kind: str = wire(text())
     device: str = wire(text(empty=True), "")
     value: float = wire(number(minimum=-math.inf))
+
+    def check(self) -> None:
+        bounds = SYSTEM_METRICS.get(self.kind)
+        if bounds is None:
+            return
+        if not self.device:
+            raise fail("device", f"must name the device a {self.kind} point is of")
+        low, high = bounds
+        if not low <= self.value <= high:
+            raise fail("value", f"must be from {low:g} to {high:g} for {self.kind}",
+                       self.value)
+
+    @classmethod
+    def reader(cls) -> Reader:
+        """As _Record's, the fields that ``check`` names included (``metrics[3].value``)."""
+        def read(raw: Any, name: str) -> MetricSample:
+            try:
+                return cls._parse(raw, f"{name}.", what=name)
+            except ProtocolError as exc:
+                if exc.field in ("device", "value"):
+                    raise fail(f"{name}.{exc.field}", exc.reason) from None
+                raise
+        return read
 
 
 PEERS = mapping(slug, address, maximum=MAX_PEERS)

@@ -1,9 +1,9 @@
 """The figures of a run report, each a pure function of a :class:`RunRecord` returning a plotly
 figure: the plans compared, the Gantt (one trace per device, the chosen plan's predicted
-events as ghosts beneath), idle time per device by cause, throughput over time against the
-plan's prediction, loss and accuracy, and the fault and control events with each recovery's
-span. Colours and idle causes are the dashboard's (static/dashboard/js/charts.js), so a report
-reads like the run page.
+events as ghosts beneath), idle time per device by cause, each device's CPU, memory and
+temperature, throughput over time against the plan's prediction, loss and accuracy, and the
+fault and control events with each recovery's span. Colours and idle causes are the
+dashboard's (static/dashboard/js/charts.js), so a report reads like the run page.
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from html import escape
 
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from orchestrator.events import IdleBreakdown, TimelineEvent, idle_breakdown
+from orchestrator.protocol import SYSTEM_METRICS
 from orchestrator.report.record import GANTT_MAX_EVENTS, Metric, RunRecord
 
 KIND_COLORS = {"forward": "#3b82f6", "backward": "#f59e0b", "update": "#dc2626",
@@ -288,6 +290,64 @@ def training_figure(record: RunRecord) -> go.Figure:
     return _empty(fig, "no loss or accuracy reported") if not loss and not accuracy else fig
 
 
+# --------------------------------------------------------------------------- devices' system
+
+# a device's colour in the system figure, by its place in pipeline order
+DEVICE_COLORS = ("#2563eb", "#ea580c", "#16a34a", "#9333ea", "#0891b2", "#db2777", "#ca8a04",
+                 "#475569")
+GIB = 2.0**30
+
+
+def system_figure(record: RunRecord) -> go.Figure:
+    """Each device's CPU use (percent of its cores; dotted: the agent process's share) and
+    memory (GiB used, dashed: the device's total, dotted: the agent's resident memory) over
+    time, and the temperature where a device reports one: one colour per device, in pipeline
+    order."""
+    devices = [d for d in record.device_order()
+               if any(m.device == d and m.kind in SYSTEM_METRICS for m in record.metrics)]
+    devices += sorted({m.device for m in record.metrics if m.kind in SYSTEM_METRICS}
+                      - set(devices))
+    if not devices:
+        empty = go.Figure()
+        empty.update_layout(**LAYOUT, title="Devices' system")
+        return _empty(empty, "no device reported its CPU or memory")
+    # (panel title, unit, scale, its kinds and each one's line: the device's solid, its total
+    # dashed, the agent process's dotted)
+    panels = [("CPU", "%", 1.0, (("cpu_pct", "solid"), ("proc_cpu_pct", "dot"))),
+              ("memory", "GiB", 1 / GIB, (("mem_used_bytes", "solid"),
+                                          ("mem_total_bytes", "dash"),
+                                          ("proc_rss_bytes", "dot")))]
+    if any(m.kind == "temp_c" for m in record.metrics):
+        panels.append(("temperature", "°C", 1.0, (("temp_c", "solid"),)))
+    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=[f"{title} ({unit})" for title, unit, _, _ in panels])
+    for k, d in enumerate(devices):
+        color = DEVICE_COLORS[k % len(DEVICE_COLORS)]
+        legend = True  # the device's first trace names it in the legend
+        for row, (_, unit, scale, kinds) in enumerate(panels, start=1):
+            for kind, dash in kinds:
+                points = _series(record.metrics, kind, d)
+                if not points:
+                    continue
+                fig.add_trace(go.Scatter(
+                    x=[m.at for m in points], y=[m.value * scale for m in points],
+                    mode="lines", name=_label(record, d), legendgroup=d,
+                    showlegend=legend,
+                    line={"color": color, "dash": dash, "width": 1 if dash == "dash" else 1.6},
+                    meta={"device": d, "kind": kind},
+                    hovertemplate=f"{kind}: %{{y:.3g}} {unit}<br>%{{x:.1f}} s"
+                                  "<extra>%{fullData.name}</extra>"),
+                    row=row, col=1)
+                legend = False
+    fig.update_layout(**LAYOUT, title="Devices' system (dotted: the agent process; dashed: "
+                                      "the device's memory in all)",
+                      height=140 + 200 * len(panels), legend={"orientation": "h", "y": -0.12})
+    fig.update_yaxes(rangemode="tozero")
+    fig.update_yaxes(range=[0, 100], row=1, col=1)
+    fig.update_xaxes(title="run time (s)", row=len(panels), col=1)
+    return fig
+
+
 # --------------------------------------------------------------------------- faults
 
 
@@ -341,6 +401,7 @@ def report_figures(record: RunRecord, *, max_events: int = GANTT_MAX_EVENTS
     """Every figure of the report, by name, in the report's order."""
     return {"plans": plans_figure(record),
             "gantt": gantt_figure(record, max_events=max_events),
-            "idle": idle_figure(record), "throughput": throughput_figure(record),
+            "idle": idle_figure(record), "system": system_figure(record),
+            "throughput": throughput_figure(record),
             "training": training_figure(record), "faults": faults_figure(record)}
 

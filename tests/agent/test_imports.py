@@ -10,7 +10,7 @@ from tests.conftest import ROOT
 from tests.orchestrator.test_imports import imported_modules
 
 ALLOWED = {"torch", "numpy", "sklearn", "zmq", "websockets", "httpx", "tqdm", "safetensors",
-           "agent", "orchestrator"}
+           "psutil", "agent", "orchestrator"}
 
 
 def test_agent_imports_only_its_own_requirements() -> None:

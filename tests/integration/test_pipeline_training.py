@@ -14,8 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
+from orchestrator.protocol import SYSTEM_METRICS
 from tests.conftest import ROOT
 from tests.webapp.integration.stack import child_env, free_port
 
@@ -79,6 +81,25 @@ def test_metrics_and_control_events_are_stored(trained: tuple[dict, Path]) -> No
     kinds = dict(db.execute("SELECT kind, COUNT(*) FROM runs_metricpoint GROUP BY kind"))
     assert kinds["loss"] == kinds["accuracy"] == MICROBATCHES * BATCHES
     assert kinds["throughput_sps"] >= 1 and kinds["network_bps"] >= 3
+    # every device's system figures while it trained (agent.system), each in its range; the
+    # three agents share this machine: each reports its memory in all
+    trained = {d for (d,) in db.execute("SELECT DISTINCT device FROM runs_timelineevent")}
+    system = db.execute(
+        "SELECT device, kind, COUNT(*), MIN(value), MAX(value) FROM runs_metricpoint "
+        f"WHERE kind IN ({', '.join('?' * len(SYSTEM_METRICS))}) GROUP BY device, kind",
+        tuple(SYSTEM_METRICS)).fetchall()
+    reported = {(device, kind): count for device, kind, count, _, _ in system}
+    for device in trained:
+        for kind in ("cpu_pct", "proc_cpu_pct", "proc_rss_bytes", "mem_used_bytes",
+                     "mem_total_bytes"):
+            assert reported.get((device, kind), 0) >= 1, (device, kind)
+    for device, kind, _, low, high in system:
+        assert device in trained
+        assert SYSTEM_METRICS[kind][0] <= low <= high <= SYSTEM_METRICS[kind][1], (device, kind)
+        if kind == "proc_rss_bytes":
+            assert low > 50 * 2**20  # an agent with torch loaded
+        if kind == "mem_total_bytes":
+            assert low == high == psutil.virtual_memory().total
     faults = [k for (k,) in db.execute("SELECT kind FROM runs_faultevent ORDER BY at, id")]
     assert faults == ["run_started", "run_finished"]
     states = dict(db.execute("SELECT stage_state, COUNT(*) FROM runs_rundevice "

@@ -220,7 +220,9 @@ def test_every_figure_of_an_empty_run_says_what_is_missing():
     texts = {name: " ".join(a.text for a in fig.layout.annotations)
              for name, fig in figures.items()}
     assert texts == {"plans": "no plan", "gantt": "no timeline events",
-                     "idle": "no timeline events", "throughput": "no throughput reported",
+                     "idle": "no timeline events",
+                     "system": "no device reported its CPU or memory",
+                     "throughput": "no throughput reported",
                      "training": "no loss or accuracy reported",
                      "faults": "no fault or control event"}
 
@@ -233,7 +235,7 @@ def test_the_report_is_one_html_file_with_plotly_inside(record: RunRecord):
     bundle = PLOTLY_JS.read_text()
     assert html.count(bundle) == 1  # embedded once, for every figure
     assert html.startswith("<!DOCTYPE html>") and html.rstrip().endswith("</html>")
-    for name in ("plans", "gantt", "idle", "throughput", "training", "faults"):
+    for name in ("plans", "gantt", "idle", "system", "throughput", "training", "faults"):
         assert html.count(f'id="report-{name}"') == 1
     assert "<h1>EdgePipe run report: run 7: live</h1>" in html
     # names from the devices are text, never markup

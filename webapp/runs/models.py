@@ -316,6 +316,13 @@ class MetricPoint(models.Model):
         LOSS = "loss"
         ACCURACY = "accuracy"
         IDLE_FRACTION = "idle_fraction"
+        # the device's system figures (orchestrator.protocol.SYSTEM_METRICS; agent.system)
+        CPU_PCT = "cpu_pct"
+        PROC_CPU_PCT = "proc_cpu_pct"
+        PROC_RSS_BYTES = "proc_rss_bytes"
+        MEM_USED_BYTES = "mem_used_bytes"
+        MEM_TOTAL_BYTES = "mem_total_bytes"
+        TEMP_C = "temp_c"
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metric_points")
     at = models.FloatField(help_text="seconds since the run started")
