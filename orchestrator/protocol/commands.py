@@ -98,8 +98,9 @@ class DeployCommand(Command):
 
 @dataclass(frozen=True, kw_only=True)
 class StartCommand(Command):
-    """Run the deployed stage from the common start time (``begin_at`` after a recovery;
-    ``paused``: wait for ``resume``)."""
+    """Run the deployed stage from the common start time (``begin_at``, else ``started_at``);
+    ``started_at`` is when the run's clock read 0 (earlier than ``begin_at`` after a recovery
+    or for a run started again, whose clock goes on); ``paused``: wait for ``resume``."""
 
     NAME = "start"
     run: int = wire(integer())

@@ -241,6 +241,15 @@ def run_timeline_window(*, run: Run, window_s: float = LIVE_WINDOW_S,
     return newest_events(_timeline_window_json(run, window_s, newest_n=limit), limit)
 
 
+def run_record_end(*, run: Run) -> float:
+    """The newest time on the run's record (timeline, faults, metrics): where its clock went
+    on to when it starts again (0 for a run that has recorded nothing)."""
+    newest = [TimelineEvent.objects.filter(run=run).aggregate(m=Max("end"))["m"],
+              FaultEvent.objects.filter(run=run).aggregate(m=Max("at"))["m"],
+              MetricPoint.objects.filter(run=run).aggregate(m=Max("at"))["m"]]
+    return max([0.0, *(t for t in newest if t is not None)])
+
+
 # the timeline API: at most this many bars per device and lane, exact events up to this many
 TIMELINE_MAX_BARS = 2000
 TIMELINE_MAX_EVENTS = 20000

@@ -4,6 +4,7 @@ clock, control events on its timeline, commands to all its stages, failing it.""
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime
 from typing import Any
 
 from django.utils import timezone
@@ -41,12 +42,25 @@ def move_run(run: Run, target: str, *, action: str, **changes: Any) -> Run:
 
 
 def run_clock(run: Run) -> float:
-    """Seconds since the run started (its timeline's clock); 0 before it starts, and while a
-    run that lost a device as it started recovers (its training has not begun)."""
-    if run.started_at is None or run.state == RunState.STARTING or (
-            run.state == RunState.RECOVERING and _recovering_from_start(run)):
+    """Seconds on the run's clock, the one origin of everything a run records (timeline,
+    faults, metrics): 0 at its first start, and a run started again (failed, planned again)
+    goes on from the newest time on its record rather than from 0. 0 before the first start;
+    while a run starts, or recovers from a device lost as it started, the clock waits where
+    its record ends (its training has not begun)."""
+    if run.started_at is None:
         return 0.0
+    if run.state == RunState.STARTING or (
+            run.state == RunState.RECOVERING and _recovering_from_start(run)):
+        return selectors.run_record_end(run=run)
     return max(0.0, (timezone.now() - run.started_at).total_seconds())
+
+
+def run_clock_origin(run: Run, begin_at: float) -> tuple[datetime, float]:
+    """The ``started_at`` of a run whose training begins at ``begin_at`` (epoch seconds), the
+    instant its clock reads 0, and what it reads at ``begin_at``: where the run's record ends
+    (0 on a first start). Agents time their events from it."""
+    resume_s = selectors.run_record_end(run=run)
+    return datetime.fromtimestamp(begin_at - resume_s, tz=UTC), resume_s
 
 
 def _recovering_from_start(run: Run) -> bool:
@@ -55,9 +69,11 @@ def _recovering_from_start(run: Run) -> bool:
 
 
 def control_event(run: Run, kind: str, *, device: str = "",
-                   detail: dict[str, Any] | None = None) -> None:
+                  detail: dict[str, Any] | None = None, at: float | None = None) -> None:
+    """A control event of the run, at ``at`` on its clock (default: now)."""
     rows = fault_events_store(run=run, records=[FaultRecord(
-        run=run.pk, at=run_clock(run), kind=kind, device=device or None, detail=detail or {})])
+        run=run.pk, at=run_clock(run) if at is None else at, kind=kind, device=device or None,
+        detail=detail or {})])
     events.run_event_send(run.pk, events.event_faults([selectors.fault_json(r) for r in rows]))
 
 

@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from functools import partial
 from typing import Any
 
@@ -35,6 +35,7 @@ from webapp.runs.services.control import (
     fail_run,
     lock_run,
     move_run,
+    run_clock_origin,
     staged_devices,
 )
 from webapp.runs.services.creation import check_algorithms
@@ -168,20 +169,23 @@ def run_stage_ready(*, run: Run, device: Device, generation: int | None = None) 
         from webapp.runs.recovery import recovery_ready  # it builds on these services
 
         return recovery_ready(locked)
-    started_at = time.time() + START_DELAY_S
+    begin_at = time.time() + START_DELAY_S
+    # a run started again goes on with its clock: one origin for all it records
+    origin, resume_s = run_clock_origin(locked, begin_at)
     RunDevice.objects.filter(pk__in=[s.pk for s in staged]).update(
         stage_state=RunDevice.StageState.RUNNING)
-    command_all_stages(locked, "start", started_at=started_at)
+    command_all_stages(locked, "start", started_at=origin.timestamp(), begin_at=begin_at)
     plan = locked.chosen_plan
-    running = move_run(locked, RunState.RUNNING, action="run",
-                          started_at=datetime.fromtimestamp(started_at, tz=UTC),
-                          generation=0, recovery={}, deployment=Deployment(
-                              plan=None if plan is None else plan.document).to_json())
+    # the generation's own measurements (capacity, the re-partition checks) start with it
+    running = move_run(locked, RunState.RUNNING, action="run", started_at=origin,
+                       generation=0, recovery={}, deployment=Deployment(
+                           plan=None if plan is None else plan.document,
+                           since_s=resume_s).to_json())
     if plan is not None:
         Generation.objects.update_or_create(run=running, number=0, defaults={
             "cause": Generation.Cause.START, "planner": plan.algorithm, "plan": plan.document,
-            "predicted_throughput_sps": plan.throughput_sps, "resumed_at": 0.0})
-    control_event(running, "run_started", detail=_protection(running, plan))
+            "predicted_throughput_sps": plan.throughput_sps, "resumed_at": resume_s})
+    control_event(running, "run_started", detail=_protection(running, plan), at=resume_s)
     return running
 
 
