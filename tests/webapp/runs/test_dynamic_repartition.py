@@ -10,6 +10,7 @@ from tests.webapp.factories import DeviceFactory, LayerProfileFactory, ModelSpec
 from webapp.devices.models import Device
 from webapp.runs import recovery, services
 from webapp.runs.models import FaultEvent, Generation, Run, RunDevice
+from webapp.runs.selectors import run_planning_inputs
 
 pytestmark = pytest.mark.django_db(transaction=True)  # planning runs on commit
 
@@ -151,8 +152,8 @@ def test_a_device_left_out_keeps_its_measured_capacity() -> None:
     others = [s for s in moved.deployment["plan"]["stages"] if slow not in s["devices"]]
     moved.deployment = {"plan": {**moved.deployment["plan"], "stages": others},
                         "since_s": 1e9, "capacity": kept}
-    profile, devices = recovery.run_planning_inputs(run=moved)
-    planned = recovery._planning_devices(moved, profile, devices)
+    profile, devices = run_planning_inputs(run=moved)
+    planned = recovery.planning_devices(moved, profile, devices)
     before = {d.id: d for d in devices.devices}
     for device in planned.devices:
         factor = 1 / 20 if device.id == slow else 1.0

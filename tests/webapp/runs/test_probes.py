@@ -25,7 +25,7 @@ def verdicts(monkeypatch) -> list[int]:  # type: ignore[no-untyped-def]
     """The probe verdicts scheduled (the tests judge by hand: tasks run eagerly here, and
     the countdown would judge before any answer)."""
     scheduled: list[int] = []
-    monkeypatch.setattr(recovery, "probe_verdict_schedule", scheduled.append)
+    monkeypatch.setattr(recovery.probes, "probe_verdict_schedule", scheduled.append)
     return scheduled
 
 
