@@ -7,6 +7,12 @@ finished or failed), ``timeline`` (a batch of timeline events in the shared sche
 (a batch of metric points), ``faults`` (fault and control events) and ``idle`` (every device's
 idle-time breakdown over the window, replacing the previous one).
 
+Every event sent to a run's group carries ``seq``, the run's next number (1, 2, ...: one
+counter per run, in the cache shared by the web and worker processes), and the snapshot the
+number of the newest event sent before it was read. A channel layer may drop a consumer's
+messages without a word (channels_redis beyond its 100-message receive buffer): a page that sees
+a number skipped asks for a fresh snapshot; nothing it missed stays missing.
+
 A page keeps a bounded window: the timeline events that end within :data:`WINDOW_S` seconds of
 the newest one (at most the snapshot's ``timeline_limit`` newest), likewise the metric points,
 and every fault. The snapshot is that window read
@@ -15,11 +21,13 @@ forward equals a fresh one (tests/webapp/runs/test_events.py)."""
 
 from __future__ import annotations
 
+import threading
 from functools import partial
 from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.core.cache import cache
 from django.db import transaction
 
 from webapp.runs import selectors
@@ -33,6 +41,27 @@ WINDOW_S = selectors.LIVE_WINDOW_S
 
 def run_group(run_id: int) -> str:
     return f"run-{run_id}"
+
+
+_SEQ_LOCK = threading.Lock()  # the threads of one process (a file cache's incr is not atomic)
+
+
+def _seq_key(run_id: int) -> str:
+    return f"run-seq:{run_id}"
+
+
+def run_seq(run_id: int) -> int:
+    """The number of the newest event sent to the run's group (0: none yet)."""
+    value: int = cache.get(_seq_key(run_id), 0)
+    return value
+
+
+def run_seq_next(run_id: int) -> int:
+    """The run's next event number (Redis: atomic across processes)."""
+    with _SEQ_LOCK:
+        cache.add(_seq_key(run_id), 0, timeout=None)
+        value: int = cache.incr(_seq_key(run_id))
+        return value
 
 
 def event_run(run: Run) -> Event:
@@ -65,9 +94,11 @@ def event_idle(run: Run) -> Event:
 
 
 def run_snapshot(run: Run) -> Event:
-    """Everything a run page shows, at once."""
+    """Everything a run page shows, at once, with the number of the newest event sent before
+    it was read (read first: an event numbered up to it was committed before the read)."""
+    seq = run_seq(run.pk)
     window, idle = selectors.run_idle(run=run)
-    return {"type": "snapshot", "run": RunOutput(run).data,
+    return {"type": "snapshot", "seq": seq, "run": RunOutput(run).data,
             "plans": PlanOutput(run.plans.all(), many=True).data,
             "window_s": WINDOW_S,
             "timeline_limit": selectors.LIVE_MAX_EVENTS,
@@ -78,8 +109,9 @@ def run_snapshot(run: Run) -> Event:
 
 
 def _group_send(run_id: int, event: Event) -> None:
+    numbered = {**event, "seq": run_seq_next(run_id)}
     async_to_sync(get_channel_layer().group_send)(run_group(run_id),
-                                                  {"type": "run.event", "event": event})
+                                                  {"type": "run.event", "event": numbered})
 
 
 def run_event_send(run_id: int, event: Event) -> None:
@@ -107,7 +139,21 @@ def _windowed(rows: list[dict[str, Any]], time_key: str, sort_key: Any,
 def snapshot_apply(snapshot: Event, event: Event) -> Event:
     """The snapshot after ``event``: a run event replaces the run and drops the plans it no
     longer lists, a plan event replaces (or adds) that plan, timeline and metric events extend
-    the window (trimmed to it), faults are added, an idle event replaces the breakdown."""
+    the window (trimmed to it), faults are added, an idle event replaces the breakdown; the
+    snapshot's ``seq`` becomes the newest event's."""
+    if isinstance(event.get("seq"), int) and event["seq"] > snapshot.get("seq", 0):
+        snapshot = {**snapshot, "seq": event["seq"]}
+    return _applied(snapshot, event)
+
+
+def snapshot_gap(snapshot: Event, event: Event) -> bool:
+    """Whether ``event`` skips a number after the snapshot's: an event between was lost (the
+    page asks for a fresh snapshot)."""
+    seq = event.get("seq")
+    return isinstance(seq, int) and seq > snapshot.get("seq", 0) + 1
+
+
+def _applied(snapshot: Event, event: Event) -> Event:
     if event["type"] == "timeline":
         merged = [*snapshot["timeline"], *event["events"]]
         return {**snapshot, "timeline": _windowed(merged, "end", selectors.timeline_order,

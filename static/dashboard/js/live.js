@@ -59,8 +59,21 @@
     return kept.filter(function (r) { return keep.has(r); });
   }
 
-  /* webapp.runs.events.snapshot_apply */
+  /* webapp.runs.events.snapshot_apply: the snapshot's seq becomes the newest event's */
   function applyRun(snapshot, event) {
+    if (typeof event.seq === "number" && event.seq > (snapshot.seq || 0)) {
+      snapshot = Object.assign({}, snapshot, { seq: event.seq });
+    }
+    return applied(snapshot, event);
+  }
+
+  /* webapp.runs.events.snapshot_gap: whether the event skips a number after the snapshot's
+     (the channel layer dropped one: the page asks for a fresh snapshot) */
+  function gap(snapshot, event) {
+    return typeof event.seq === "number" && event.seq > (snapshot.seq || 0) + 1;
+  }
+
+  function applied(snapshot, event) {
     switch (event.type) {
       case "timeline":
         return Object.assign({}, snapshot, {
@@ -103,6 +116,7 @@
     merged: merged,
     windowed: windowed,
     applyRun: applyRun,
+    gap: gap,
     applyDevices: applyDevices,
     RUN_DELTAS: ["run", "plan", "timeline", "metrics", "faults", "idle"],
   };

@@ -30,6 +30,7 @@
     membership: {}, // uid -> {at, kind} of its newest device_lost or device_joined
     predictions: [], // [{at, sps}]
     recoveryUnderWay: false, // run_recoveries.js: an unfinished recovery's bar grows with time
+    resyncing: false, // a fresh snapshot asked for after a gap in the events' numbers
     $: function (id) { return document.getElementById(id); },
   });
   const h = EP.h;
@@ -47,6 +48,7 @@
   function onMessage(msg) {
     if (msg.type === "snapshot") {
       R.snap = msg;
+      R.resyncing = false;
       EP.runPage.snapshots += 1;
       for (const uid of Object.keys(membership)) delete membership[uid];
       R.predictions = [];
@@ -56,6 +58,13 @@
       });
     } else if (EP.live.RUN_DELTAS.indexOf(msg.type) >= 0) {
       if (!R.snap) return; // a delta before the first snapshot: the snapshot will include it
+      // a number skipped: the channel layer dropped an event; a fresh snapshot has it (one
+      // asked for at a time: the deltas meanwhile are applied, none is lost)
+      if (EP.live.gap(R.snap, msg) && !R.resyncing && EP.runPage.socket) {
+        R.resyncing = true;
+        EP.runPage.gaps += 1;
+        EP.runPage.socket.send({ type: "snapshot" });
+      }
       R.snap = EP.live.applyRun(R.snap, msg);
       dirty.add(msg.type === "plan" ? "plans" : msg.type);
       // the run carries its devices' status and its chosen plan; a plan, its prediction
@@ -79,6 +88,7 @@
     socket: null, // open once every part of the page is loaded
     renders: 0,
     snapshots: 0,
+    gaps: 0, // events found missing (a fresh snapshot was asked for each time)
   };
 
   function connect() {

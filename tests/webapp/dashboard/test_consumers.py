@@ -116,3 +116,50 @@ def test_a_delta_repeating_rows_of_the_snapshot_adds_none():
     after = snapshot_apply(snapshot, {"type": "timeline",
                                       "events": [dict(row), {**row, "microbatch": 4}]})
     assert [e["microbatch"] for e in after["timeline"]] == [3, 4]
+
+
+def test_the_deltas_are_numbered_and_a_dropped_one_shows_as_a_gap_a_snapshot_fills():
+    # a channel layer drops a consumer's messages without a word when its buffer is full
+    # (channels_redis: 100); here one is dropped by numbering it and not sending it
+    from orchestrator.events import FaultEvent as FaultRecord
+    from webapp.runs import events
+    from webapp.runs.services import fault_events_store
+
+    run = RunFactory(state=Run.State.RUNNING)
+    headers = session_headers()
+
+    def dropped() -> None:
+        fault_events_store(run=run, records=[FaultRecord(
+            run=run.pk, at=3.0, kind="device_joined", device="lost-in-transit", detail={})])
+        events.run_seq_next(run.pk)
+
+    async def scenario() -> list[dict]:
+        page = WebsocketCommunicator(application, f"/ws/runs/{run.pk}/", headers=headers)
+        connected, _ = await page.connect()
+        assert connected
+        got = [await page.receive_json_from(timeout=5)]
+        await database_sync_to_async(services.run_pause)(run=run)  # run, idle, faults
+        got += [await page.receive_json_from(timeout=5) for _ in range(3)]
+        await database_sync_to_async(dropped)()
+        await database_sync_to_async(lambda: services.run_start(run=Run.objects.get(pk=run.pk)))()
+        while not await page.receive_nothing(timeout=0.5):  # resumed: faults, run
+            got.append(await page.receive_json_from(timeout=5))
+        await page.send_json_to({"type": "snapshot"})
+        got.append(await receive_until(page, "snapshot"))
+        await page.disconnect()
+        return got
+
+    snapshot, *deltas, fresh = async_to_sync(scenario)()
+    # Assert: one number after the other from the snapshot's, then one skipped
+    first = snapshot["seq"]
+    assert [d["seq"] for d in deltas] == [first + k for k in (1, 2, 3, 5, 6)]
+    page = snapshot
+    gaps = []
+    for delta in deltas:
+        gaps.append(events.snapshot_gap(page, delta))
+        page = events.snapshot_apply(page, delta)
+    assert gaps == [False, False, False, True, False]
+    assert "lost-in-transit" not in {f["device"] for f in page["faults"]}
+    # the snapshot asked for holds what was dropped, and numbers on from the newest delta
+    assert fresh["seq"] == first + 6 == page["seq"]
+    assert "lost-in-transit" in {f["device"] for f in fresh["faults"]}
