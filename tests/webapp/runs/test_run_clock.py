@@ -7,9 +7,12 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
 from django.utils import timezone
 
 from tests.webapp.factories import DeviceFactory, LayerProfileFactory, ModelSpecFactory, RunFactory
+from tests.webapp.gateway.test_agent_gateway import _recover, connect_all, planned_run
 from webapp.devices.models import Device
 from webapp.runs import services
 from webapp.runs.models import FaultEvent, MetricPoint, Run, TimelineEvent
@@ -85,3 +88,36 @@ def test_while_it_starts_again_its_clock_waits_at_the_end_of_its_record():
     run = Run.objects.get(pk=run.pk)
     assert run.state == Run.State.STARTING
     assert run_clock(run) == 50.0
+
+
+def test_a_run_started_again_that_loses_a_device_as_it_starts_goes_on_with_its_clock():
+    # Prepare: a first attempt's record (trained until 150 s, failed at 160 s), planned again
+    run, devices = planned_run()
+    TimelineEvent.objects.create(run=run, device=devices[0].uid, stage=0, kind="forward",
+                                 microbatch=0, version=0, start=149.0, end=150.0)
+    FaultEvent.objects.create(run=run, at=160.0, kind="run_failed", device="", detail={})
+
+    async def scenario() -> tuple[list[dict], Run]:
+        agents = await connect_all(devices)
+        await database_sync_to_async(services.run_start)(run=run)
+        for a in agents:
+            assert (await a.receive_json_from(timeout=5))["command"] == "deploy"
+        await agents[2].disconnect()  # lost before any stage was ready
+        _, _, starts = await _recover(agents[:2], [[], []], run)
+        started = await database_sync_to_async(Run.objects.get)(pk=run.pk)
+        for a in agents[:2]:
+            await a.disconnect()
+        return starts, started
+
+    # Execute: started again, a device lost as it starts, the run starts on the others
+    starts, run = async_to_sync(scenario)()
+    # Assert: the clock waited at 160 s while it started, and the agents time the training
+    # from an origin 160 s before it begins
+    assert run.state == Run.State.RUNNING, run.error
+    lost = FaultEvent.objects.filter(run=run, kind="device_lost", device=devices[2].uid).get()
+    assert lost.at == 160.0
+    begins = [s["begin_at"] for s in starts]
+    # (epoch seconds: an absolute tolerance, a relative one would allow half an hour)
+    assert [s["started_at"] for s in starts] == [pytest.approx(b - 160.0, rel=0, abs=1e-3)
+                                                 for b in begins]
+    assert run.started_at.timestamp() == pytest.approx(begins[0] - 160.0, rel=0, abs=1e-3)

@@ -7,7 +7,6 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
 
 from webapp.devices.commands import command_build, device_command_send
 from webapp.runs.models import (
@@ -20,6 +19,7 @@ from webapp.runs.services.control import (
     ACTIVE_DEVICE,
     control_event,
     move_run,
+    run_clock_origin,
     staged_devices,
 )
 from webapp.runs.states import Deployment, Recovery, RunState
@@ -42,7 +42,7 @@ def recovery_ready(run: Run) -> Run:
     begin_at = now + RESUME_DELAY_S
     from_start = recovery.from_start  # lost while starting: this begins the run
     if from_start or run.started_at is None:  # the run's clock starts with its training
-        run.started_at = datetime.fromtimestamp(begin_at, tz=UTC)
+        run.started_at, _ = run_clock_origin(run, begin_at)  # (where a restart's goes on)
     started_at = run.started_at.timestamp()
     staged = staged_devices(run)
     RunDevice.objects.filter(pk__in=[s.pk for s in staged]).update(stage_state=S.RUNNING)
