@@ -14,13 +14,15 @@ messages without a word (channels_redis beyond its 100-message receive buffer): 
 a number skipped asks for a fresh snapshot; nothing it missed stays missing.
 
 A page keeps a bounded window: the timeline events that end within :data:`WINDOW_S` seconds of
-the newest one (at most the snapshot's ``timeline_limit`` newest), likewise the metric points,
-and every fault. The snapshot is that window read
-from the database; applying the deltas trims by the same rule, so an old snapshot brought
-forward equals a fresh one (tests/webapp/runs/test_events.py)."""
+the newest one (at most the snapshot's ``timeline_limit`` newest), likewise the metric points
+(at most ``metrics_limit``), and every fault; the snapshot stays within SNAPSHOT_MAX_BYTES and
+each delta within DELTA_MAX_ROWS rows, so that every message fits a WebSocket message. The
+snapshot is that window read from the database; applying the deltas trims by the same rule, so
+an old snapshot brought forward equals a fresh one (tests/webapp/runs/test_events.py)."""
 
 from __future__ import annotations
 
+import json
 import threading
 from functools import partial
 from typing import Any
@@ -93,19 +95,50 @@ def event_idle(run: Run) -> Event:
     return {"type": "idle", "window": window, "devices": devices}
 
 
+# A WebSocket message's most bytes: daphne refuses to send more (autobahn's payload limit,
+# 1 MiB by default), and the page's socket closes with 1011 on each attempt to connect
+WS_MAX_BYTES = 1024 * 1024
+# what a snapshot may take of it, and what one delta's rows may (DELTA_MAX_ROWS of the largest
+# rows, timeline events of about 200 bytes, make about 0.4 MB)
+SNAPSHOT_MAX_BYTES = 900 * 1024
+DELTA_MAX_ROWS = 2000
+
+
 def run_snapshot(run: Run) -> Event:
     """Everything a run page shows, at once, with the number of the newest event sent before
-    it was read (read first: an event numbered up to it was committed before the read)."""
+    it was read (read first: an event numbered up to it was committed before the read).
+    Within SNAPSHOT_MAX_BYTES: when the window's timeline and metric points would take more
+    (long device names, many plans or faults), their limits are halved until it fits, and
+    the snapshot says the limits it was read with, which the page's deltas keep."""
     seq = run_seq(run.pk)
     window, idle = selectors.run_idle(run=run)
-    return {"type": "snapshot", "seq": seq, "run": RunOutput(run).data,
-            "plans": PlanOutput(run.plans.all(), many=True).data,
-            "window_s": WINDOW_S,
-            "timeline_limit": selectors.LIVE_MAX_EVENTS,
-            "timeline": selectors.run_timeline_window(run=run, limit=selectors.LIVE_MAX_EVENTS),
-            "metrics": selectors.run_metrics_window(run=run),
-            "faults": selectors.run_faults(run=run),
-            "idle": {"window": window, "devices": idle}}
+    snapshot = {"type": "snapshot", "seq": seq, "run": RunOutput(run).data,
+                "plans": PlanOutput(run.plans.all(), many=True).data,
+                "window_s": WINDOW_S,
+                "timeline_limit": selectors.LIVE_MAX_EVENTS,
+                "timeline": selectors.run_timeline_window(run=run,
+                                                          limit=selectors.LIVE_MAX_EVENTS),
+                "metrics_limit": selectors.LIVE_MAX_METRICS,
+                "metrics": selectors.run_metrics_window(run=run,
+                                                        limit=selectors.LIVE_MAX_METRICS),
+                "faults": selectors.run_faults(run=run),
+                "idle": {"window": window, "devices": idle}}
+    return snapshot_bounded(snapshot, SNAPSHOT_MAX_BYTES)
+
+
+def snapshot_bounded(snapshot: Event, max_bytes: int) -> Event:
+    """``snapshot`` with its timeline and metric limits halved (each window trimmed to its
+    newest rows) until its JSON takes at most ``max_bytes``, or both limits are down to 1."""
+    while (len(json.dumps(snapshot, separators=(",", ":"))) > max_bytes
+           and (snapshot["timeline_limit"] > 1 or snapshot["metrics_limit"] > 1)):
+        timeline_limit = max(1, snapshot["timeline_limit"] // 2)
+        metrics_limit = max(1, snapshot["metrics_limit"] // 2)
+        snapshot = {
+            **snapshot, "timeline_limit": timeline_limit, "metrics_limit": metrics_limit,
+            "timeline": selectors.newest_events(snapshot["timeline"], timeline_limit),
+            "metrics": selectors.newest_rows(snapshot["metrics"], metrics_limit,
+                                             time_key="at", order=selectors.metric_order)}
+    return snapshot
 
 
 def _group_send(run_id: int, event: Event) -> None:
@@ -114,9 +147,26 @@ def _group_send(run_id: int, event: Event) -> None:
                                                   {"type": "run.event", "event": numbered})
 
 
+# the list each event that carries rows carries them in
+_ROWS = {"timeline": "events", "metrics": "points", "faults": "events"}
+
+
 def run_event_send(run_id: int, event: Event) -> None:
-    """Send ``event`` to the run's group once the current transaction commits."""
-    transaction.on_commit(partial(_group_send, run_id, event))
+    """Send ``event`` to the run's group once the current transaction commits: as several
+    events of at most DELTA_MAX_ROWS rows each when it carries more (an agent's batch may hold
+    100,000 timeline events, and one message of them could not be sent to a page)."""
+    for part in event_parts(event, DELTA_MAX_ROWS):
+        transaction.on_commit(partial(_group_send, run_id, part))
+
+
+def event_parts(event: Event, max_rows: int) -> list[Event]:
+    """``event`` split into events of at most ``max_rows`` rows, in order (itself when it
+    carries no more); applying them one after the other is applying ``event``."""
+    key = _ROWS.get(event["type"])
+    rows = event.get(key) if key else None
+    if rows is None or len(rows) <= max_rows:
+        return [event]
+    return [{**event, key: rows[i:i + max_rows]} for i in range(0, len(rows), max_rows)]
 
 
 def _windowed(rows: list[dict[str, Any]], time_key: str, sort_key: Any,
@@ -132,7 +182,7 @@ def _windowed(rows: list[dict[str, Any]], time_key: str, sort_key: Any,
     newest = max(r[time_key] for r in rows)
     kept = [r for r in rows if r[time_key] >= newest - WINDOW_S]
     if limit is not None:
-        return selectors.newest_events(kept, limit)
+        return selectors.newest_rows(kept, limit, time_key=time_key, order=sort_key)
     return sorted(kept, key=sort_key)
 
 
@@ -160,7 +210,8 @@ def _applied(snapshot: Event, event: Event) -> Event:
                                                   limit=snapshot["timeline_limit"])}
     if event["type"] == "metrics":
         merged = [*snapshot["metrics"], *event["points"]]
-        return {**snapshot, "metrics": _windowed(merged, "at", selectors.metric_order)}
+        return {**snapshot, "metrics": _windowed(merged, "at", selectors.metric_order,
+                                                 limit=snapshot["metrics_limit"])}
     if event["type"] == "faults":
         return {**snapshot, "faults": sorted([*snapshot["faults"], *event["events"]],
                                              key=selectors.fault_order)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.db.models import Max, Prefetch, QuerySet
@@ -35,7 +35,12 @@ from webapp.runs.models import FaultEvent, MetricPoint, Plan, Run, RunDevice, Ti
 # WebSocket message may carry (daphne's limit), and more than a page draws (about 130 bytes
 # an event: 4,000 make about 0.5 MB).
 LIVE_WINDOW_S = 60.0
-LIVE_MAX_EVENTS = 4000
+LIVE_MAX_EVENTS = 3000
+# likewise the newest LIVE_MAX_METRICS metric points: a fast model's loss, accuracy and system
+# figures came to 9,000 points (1 MB) a minute, and with the timeline the snapshot passed the
+# 1 MiB limit, and the page could not connect (the snapshot is bounded in bytes as well:
+# webapp.runs.events.run_snapshot)
+LIVE_MAX_METRICS = 2000
 
 
 def run_list(*, state: str | None = None, device: Device | None = None) -> QuerySet[Run]:
@@ -228,9 +233,16 @@ def newest_events(events: Sequence[dict[str, Any]], limit: int) -> list[dict[str
     """The ``limit`` events that end last (ties: the later in timeline order), in timeline
     order. Adding events never brings back one this dropped, so a page that trims its window
     this way after every delta holds what a fresh snapshot would."""
-    kept = (list(events) if len(events) <= limit
-            else heapq.nlargest(limit, events, key=lambda e: (e["end"], timeline_order(e))))
-    return sorted(kept, key=timeline_order)
+    return newest_rows(events, limit, time_key="end", order=timeline_order)
+
+
+def newest_rows(rows: Sequence[dict[str, Any]], limit: int, *, time_key: str,
+                order: Callable[[dict[str, Any]], tuple[Any, ...]]) -> list[dict[str, Any]]:
+    """The ``limit`` rows latest by ``time_key`` (ties: the later in ``order``), in ``order``:
+    newest_events for any kind of row (metric points by ``at``)."""
+    kept = (list(rows) if len(rows) <= limit
+            else heapq.nlargest(limit, rows, key=lambda r: (r[time_key], order(r))))
+    return sorted(kept, key=order)
 
 
 def run_timeline_window(*, run: Run, window_s: float = LIVE_WINDOW_S,
@@ -290,12 +302,21 @@ def run_timeline_span(*, run: Run, start_s: float | None = None, end_s: float | 
     return out
 
 
-def run_metrics_window(*, run: Run, window_s: float = LIVE_WINDOW_S) -> list[dict[str, Any]]:
+def run_metrics_window(*, run: Run, window_s: float = LIVE_WINDOW_S,
+                       limit: int | None = None) -> list[dict[str, Any]]:
+    """The metric points within ``window_s`` of the newest one, at most the newest ``limit``
+    of them (default LIVE_MAX_METRICS)."""
+    limit = LIVE_MAX_METRICS if limit is None else limit
     newest = MetricPoint.objects.filter(run=run).aggregate(m=Max("at"))["m"]
     if newest is None:
         return []
     rows = MetricPoint.objects.filter(run=run, at__gte=newest - window_s)
-    return sorted((metric_json(r) for r in rows), key=metric_order)
+    # from the limit-th newest time on (more, on a tie there: newest_rows settles it)
+    edge = list(rows.order_by("-at").values_list("at", flat=True)[limit - 1:limit])
+    if edge:
+        rows = rows.filter(at__gte=edge[0])
+    return newest_rows([metric_json(r) for r in rows], limit, time_key="at",
+                       order=metric_order)
 
 
 def run_faults(*, run: Run) -> list[dict[str, Any]]:

@@ -2,7 +2,8 @@
    webapp.runs.events.snapshot_apply and webapp.devices.events.snapshot_apply do it, so a page
    that applied every delta holds what a fresh snapshot would hold (the browser tests compare
    the two). The window rule: keep the timeline events that end within window_s of the newest
-   end, likewise the metric points by their time, and every fault. */
+   end (at most the snapshot's timeline_limit newest), likewise the metric points by their time
+   (at most metrics_limit), and every fault. */
 (function () {
   "use strict";
   const EP = (window.EdgePipe = window.EdgePipe || {});
@@ -44,7 +45,7 @@
 
   /* webapp.runs.events._windowed over old + added: the rows whose time is within windowS of
      the newest, in order (filtering a sorted list keeps it sorted); with maxRows, only the
-     maxRows that end last (ties: the later in order), as webapp.runs.selectors.newest_events. */
+     maxRows latest by timeKey (ties: the later in order), as webapp.runs.selectors.newest_rows. */
   function windowed(old, added, timeKey, order, windowS, maxRows) {
     const rows = merged(old, added, order, true);
     if (!rows.length) return rows;
@@ -53,7 +54,7 @@
     const limit = newest - windowS;
     const kept = rows.filter(function (r) { return r[timeKey] >= limit; });
     if (!maxRows || kept.length <= maxRows) return kept;
-    const last = kept.slice().sort(function (x, y) { return cmp(y.end, x.end) || order(y, x); })
+    const last = kept.slice().sort(function (x, y) { return cmp(y[timeKey], x[timeKey]) || order(y, x); })
       .slice(0, maxRows);
     const keep = new Set(last);
     return kept.filter(function (r) { return keep.has(r); });
@@ -82,7 +83,8 @@
         });
       case "metrics":
         return Object.assign({}, snapshot, {
-          metrics: windowed(snapshot.metrics, event.points, "at", metricOrder, snapshot.window_s),
+          metrics: windowed(snapshot.metrics, event.points, "at", metricOrder, snapshot.window_s,
+                            snapshot.metrics_limit),
         });
       case "faults":
         return Object.assign({}, snapshot, { faults: merged(snapshot.faults, event.events, faultOrder) });

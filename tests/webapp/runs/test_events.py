@@ -1,6 +1,7 @@
 """The run group's events: sent after commit, and enough to keep a page's snapshot current."""
 
 import asyncio
+import json
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -103,13 +104,20 @@ def agent_batch(run_id: int, device: str, t0: float, count: int) -> dict:
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("limit", [None, 25])
+@pytest.mark.parametrize(("limit", "metrics_limit", "delta_rows"), [(None, None, None),
+                                                                     (25, 3, 7)])
 def test_a_live_page_brought_forward_by_deltas_equals_a_fresh_snapshot(
-        limit: int | None, monkeypatch: pytest.MonkeyPatch):
-    # Prepare: a running run and a page that connected before any event (with a limit, the
-    # page keeps only the newest events: a busy run's minute exceeded a WebSocket message)
+        limit: int | None, metrics_limit: int | None, delta_rows: int | None,
+        monkeypatch: pytest.MonkeyPatch):
+    # Prepare: a running run and a page that connected before any event (with limits, the
+    # page keeps only the newest events and metric points: a busy run's minute exceeded a
+    # WebSocket message; and an agent's batch reaches it in several deltas)
     if limit is not None:
         monkeypatch.setattr(selectors, "LIVE_MAX_EVENTS", limit)
+    if metrics_limit is not None:
+        monkeypatch.setattr(selectors, "LIVE_MAX_METRICS", metrics_limit)
+    if delta_rows is not None:
+        monkeypatch.setattr(events, "DELTA_MAX_ROWS", delta_rows)
     devices = [DeviceFactory(), DeviceFactory()]
     run = RunFactory(devices=devices, state=Run.State.RUNNING)
     old = events.run_snapshot(Run.objects.get(pk=run.pk))
@@ -135,8 +143,40 @@ def test_a_live_page_brought_forward_by_deltas_equals_a_fresh_snapshot(
         stored = sorted(TimelineEvent.objects.filter(run=run).values_list("end", flat=True))
         assert min(e["end"] for e in fresh["timeline"]) == stored[-limit]
         assert fresh["idle"]["window"][0] == stored[-limit]  # the idle of what the page shows
+    if metrics_limit is not None:
+        assert [p["at"] for p in fresh["metrics"]] == [120.0, 150.0, 150.0]
+        assert fresh["metrics_limit"] == metrics_limit
+    if delta_rows is not None:  # each batch of 40 events came in parts of at most 7
+        parts = [len(e["events"]) for e in received if e["type"] == "timeline"]
+        assert max(parts) == delta_rows and sum(parts) == 10 * 40
     assert len(fresh["faults"]) == 2  # every fault is kept, not only the window's
     idle = fresh["idle"]["devices"][devices[0].uid]
     assert idle["busy_s"] + idle["idle_s"] == pytest.approx(
         fresh["idle"]["window"][1] - fresh["idle"]["window"][0])
     assert idle["upstream_s"] > 0  # gaps before forwards: waiting for activations
+
+
+def test_a_snapshot_too_large_for_a_websocket_message_keeps_its_newest_rows():
+    # long device names make each row larger: the limits halve until the snapshot fits, and
+    # the page trims its deltas by the limits the snapshot says
+    name = "d" * 400
+    timeline = [{"run": 1, "device": name, "stage": 0, "kind": "forward", "microbatch": m,
+                 "version": 0, "start": m * 0.01, "end": m * 0.01 + 0.005} for m in range(3000)]
+    metrics = [{"at": m * 0.01, "kind": "loss", "device": name, "value": 1.0}
+               for m in range(2000)]
+    snapshot = {"type": "snapshot", "timeline_limit": 3000, "timeline": timeline,
+                "metrics_limit": 2000, "metrics": metrics, "faults": []}
+    bounded = events.snapshot_bounded(snapshot, 900 * 1024)
+    assert len(json.dumps(bounded, separators=(",", ":"))) <= 900 * 1024
+    assert (bounded["timeline_limit"], bounded["metrics_limit"]) == (750, 500)
+    assert bounded["timeline"] == timeline[-750:] and bounded["metrics"] == metrics[-500:]
+    assert events.snapshot_bounded(bounded, 900 * 1024) == bounded
+
+
+def test_an_event_of_many_rows_is_sent_in_parts_that_apply_as_it_would():
+    rows = [{"at": float(i), "kind": "loss", "device": "a", "value": 1.0} for i in range(5)]
+    parts = events.event_parts({"type": "metrics", "points": rows}, 2)
+    assert [len(p["points"]) for p in parts] == [2, 2, 1]
+    assert [r for p in parts for r in p["points"]] == rows
+    run_event = {"type": "run", "run": {}}
+    assert events.event_parts(run_event, 2) == [run_event]
