@@ -4,20 +4,20 @@ long as this machine takes for the same work warm, neither more nor less.
 Where this machine's warm time for the work is known (the executor's forward and backward: the
 profiler's per-layer times, measured in back-to-back sweeps), the pass is paced to X times that:
 after work that took t seconds, wait X warm - t more. Waiting the emulated time makes the next
-pass cold: on a shared virtual machine a layer that took 73 us back to back took 92 us after a
-2 ms sleep and 309 us after a 10 ms one (caches refilled). Pacing to X (t) instead, as
-EdgePipe did first, multiplied that penalty by X too: an agent asked to be 10x slower than its
-neighbours ran the MLP's first layer 43x slower, and VGG-5 on FTPipeHD's plan with such a
-device trained at 1,607 samples/s where paced agents train at 4,049. A pass whose warm time is
-not known (the update, whose cost the profile counts in the backward) waits nothing and
-shortens the next wait by what it took.
+pass cold (the caches are refilled after a sleep), and pacing to X (t) instead, as EdgePipe
+did first, multiplied that penalty by X too: the device ran several times slower than asked.
+A pass whose warm time is not known (the update, whose cost the profile counts in the
+backward) waits nothing and shortens the next wait by what it took.
 
-``time.sleep`` wakes 50-200 us late (timer slack, the interpreter lock): that is kept as a debt
-and settled by the next waits, so that over a run the device is as slow as asked. A pass that
+``time.sleep`` wakes late (timer slack, the interpreter lock): that is kept as a debt and
+settled by the next waits, so that over a run the device is as slow as asked. A pass that
 overran its emulated time (a cold first pass, a busy machine) is forgiven beyond
-``CATCH_UP_S``: a device does not run faster after a hiccup, and an emulated one that did
-(its first passes took 30-120 ms, the next ones ran unpaced until that was repaid) measured
-twice as fast as its profile, so a recovery re-planned it with twice its capacity."""
+``CATCH_UP_S``: a device does not run faster after a hiccup, and an emulated one that did (its
+next passes ran unpaced until its slow first ones were repaid) measured faster than its
+profile, so a recovery re-planned it with more capacity than it has.
+
+The measurements behind both choices: docs/benchmarks.md, "Measurements behind choices in the
+agent"."""
 
 from __future__ import annotations
 

@@ -143,7 +143,6 @@ Checkpoint = Callable[[int, dict[str, torch.Tensor], bool, bool], None]
 # the method each kind of action runs, by name: a dict of the executor's bound methods made every
 # executor a reference cycle, which the agent's frozen heap (runtime.freeze_heap) never
 # collects, so each deployment's model, data and stashes stayed in memory after it ended
-# (VGG-5: 20 MB more per deployment, for good)
 HANDLERS = {"F": "forward", "B": "backward", "U": "update", "A": "all_reduce",
             "G": "average_group"}
 

@@ -2,10 +2,9 @@
 ``torch.optim.SGD`` computes it (no dampening, no Nesterov, no weight decay), bit for bit.
 
 A stage updates its weights once per micro-batch, so the call's fixed cost counts as much as
-its arithmetic on small stages. ``torch.optim.SGD.step`` took 190 us on the MLP's first two
-layers (four tensors, 82,432 numbers) on the 2-core CI machine, of which the arithmetic was
-80 us: the rest went to its wrapper (profiler hooks, grad mode, the choice between its
-implementations). This one does the arithmetic alone and takes the gradients as arguments, so
+its arithmetic on small stages, and most of ``torch.optim.SGD.step``'s time on a small stage
+goes to its wrapper (profiler hooks, grad mode, the choice between its implementations), not
+to the arithmetic. This one does the arithmetic alone and takes the gradients as arguments, so
 nothing is written to ``.grad`` either.
 """
 

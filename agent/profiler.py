@@ -10,8 +10,8 @@ parameters not at all (the cost model counts them as P); and its forward and bac
 Times are taken as a stage runs the layers: in sweeps of the whole model, every layer's forward
 in order, then every layer's backward in reverse, each timed on its own (after warm-up sweeps,
 the median over at least ``repeats`` sweeps and ``min_time_s`` of sweeping). Timing each layer
-alone, over and over on the same tensors, found it in a warm cache and measured VGG-5's forward
-30% faster than a stage runs it. The backward includes the layer's SGD update, as the shared
+alone, over and over on the same tensors, finds it in a warm cache and measures it faster than
+a stage runs it. The backward includes the layer's SGD update, as the shared
 testbed profiles count it, less the fixed cost of one optimizer call, which a stage pays once
 per micro-batch, not once per layer, and which :func:`measure_overhead` counts in the device's
 ``overhead_s``. The sweeps run back to back, so the times are this machine's warm ones (a stage
@@ -80,8 +80,8 @@ MAX_SWEEPS = 2000
 def timed_sweeps(warm_up_s: list[float], *, repeats: int, min_time_s: float) -> int:
     """How many sweeps ``min_time_s`` takes, by the fastest warm-up sweep, at least
     ``repeats`` (at most MAX_SWEEPS). The fastest, not the mean: the first torch work of a
-    process pays autograd's lazy set-up (an MLP sweep took 297 ms, then 1.5 ms), and the mean
-    made 3 sweeps of such a profile where 0.25 s takes over a hundred."""
+    process pays autograd's lazy set-up, many times a warm sweep, and the mean counted far too
+    few sweeps for ``min_time_s``."""
     per_sweep = min(warm_up_s, default=0.0)
     if per_sweep <= 0:
         return repeats
@@ -199,12 +199,12 @@ def measure_overhead(*, slowdown: float = 1.0, microbatches: int = 200,
     It runs the real executor on a one-layer stage over the digits and subtracts the layer's
     profiled compute; like the profile, it counts the emulated slowdown. A pipeline stage starts
     each forward and backward after waiting for a neighbour, and work right after a pause runs
-    slower than back to back (on a shared virtual machine a 31 us layer took 72 us after 2 ms
-    idle and 250 us after 10 ms: the caches are refilled), so the probe pauses ``pause_s``
-    before each forward and backward (not counted) and the overhead includes that penalty.
-    An emulated slower device (``slowdown`` > 1) does not pause: its passes are paced to its
-    warm times, and the penalty of a cold start is paid inside the emulated time (with it,
-    the MLP alone trained 1.34x faster than predicted from the overhead of the tiny probe).
+    slower than back to back (the caches are refilled), so the probe pauses ``pause_s`` before
+    each forward and backward (not counted) and the overhead includes that penalty. An
+    emulated slower device (``slowdown`` > 1) does not pause: its passes are paced to its warm
+    times, and the penalty of a cold start is paid inside the emulated time (counted again in
+    the overhead, it made the MLP train faster than predicted). The measurements behind both:
+    docs/benchmarks.md, "Measurements behind choices in the agent".
     """
     from agent.data import digits
     from agent.executor import Clock, StageExecutor

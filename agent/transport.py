@@ -209,8 +209,8 @@ class DataPlane:
                          done=threading.Event() if wait else None)
         if not self.shaped:
             # a hand-off to the sender thread cost a thread switch on every hop (up to the
-            # interpreter's switch interval while this thread went on computing): a 32 KB
-            # activation took 1.6 ms from send to arrival while a pipeline trained
+            # interpreter's switch interval while this thread went on computing), added to
+            # every activation's time from send to arrival
             with self._sending:
                 self._deliver(item)
             return
@@ -349,10 +349,10 @@ class DataPlane:
                      timeout_s: float = 15.0) -> tuple[float, float]:
         """(bandwidth in bytes/s, latency in s) of the link to ``peer``, measured now: the
         shortest of ``pings`` small round trips and the fastest of up to ``bulk_trips`` bulk ones
-        (fewer once they have taken ``bulk_budget_s``, as on a slow link). A single bulk trip
-        read anything from 25 to 618 MB/s for the same loopback while three other agents measured
-        theirs and the machine's two cores were shared; a trip slowed by its sender or receiver
-        waiting for a core only ever reads slow, so the fastest is the link's."""
+        (fewer once they have taken ``bulk_budget_s``, as on a slow link). On a machine whose
+        processors are shared, one bulk trip can read many times slower than the link is; a
+        trip slowed by its sender or receiver waiting for a core only ever reads slow, so the
+        fastest is the link's."""
 
         def round_trip(size: int, wait_s: float = timeout_s) -> float:
             token = next(self._probe_tokens)

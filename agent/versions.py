@@ -35,7 +35,7 @@ class WeightVersions:
         self.needed: Counter[int] = Counter(needed)
         # the versions forwards to come need, in order, and the first still needed: updated()
         # asks for the oldest one at each update (once a scan of every version of the run,
-        # which grew with the run: 40 us an update after 1,200 micro-batches)
+        # whose cost grew with the run)
         self._pending = sorted(self.needed)
         self._first_pending = 0
         self.snapshots_only = snapshots_only

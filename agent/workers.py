@@ -14,7 +14,8 @@ import torch
 def spawn(target: Callable[[], None], name: str, *, threads: int | None) -> threading.Thread:
     """Start a daemon worker thread for torch work. torch.set_num_threads from the main thread
     does not reach other threads' OpenMP teams: a thread that does not set it runs each op on
-    a team of every core (measured: a 0.1 ms layer took 8 ms), so each sets it itself."""
+    a team of every core, which made small layers many times slower, so each sets it
+    itself."""
 
     def run() -> None:
         if threads:
@@ -29,8 +30,8 @@ def spawn(target: Callable[[], None], name: str, *, threads: int | None) -> thre
 def freeze_heap() -> None:
     """Leave what the agent holds for good (torch's and the other modules' objects, a
     deployed stage's model and data) out of the garbage collector's full collections, which
-    otherwise walk it all while every thread waits: 250,000 objects, 142 ms on an idle
-    machine and 210-260 ms while three agents trained, twice in 3.6 s of a two-stage MLP
-    pipeline (both stages stood still; the run trained at 0.66 of its prediction)."""
+    otherwise walk it all while every thread waits: a pipeline's stages stood still for each,
+    and its run fell well short of its prediction (docs/benchmarks.md, "Measurements behind
+    choices in the agent")."""
     gc.collect()
     gc.freeze()
