@@ -20,11 +20,14 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 
+from agent.calibration import Calibration
 from agent.config import (
     AgentConfig,
     ConfigError,
@@ -42,6 +45,7 @@ from agent.zoo import MODELS, build_model
 log = logging.getLogger("edgepipe.agent")
 
 DEFAULT_BANDWIDTH_BPS = 12_500_000.0  # 100 Mbit/s until measured
+SERVER_RETRY_S = 0.2  # between tries of a server still starting (run --wait-for-server)
 
 
 def _positive_float(text: str) -> float:
@@ -80,6 +84,24 @@ def enrol(*, server: str, token: str, name: str, path: Path,
     return enrolment
 
 
+def wait_for_server(server: str, *, wait_s: float) -> bool:
+    """Wait up to ``wait_s`` for ``server`` to accept connections (one starting beside this
+    agent), trying every SERVER_RETRY_S; whether it does. A connection refused would
+    otherwise fail an enrolment, or put off the first connect by the session's backoff."""
+    parts = urlsplit(server)
+    address = (parts.hostname or "127.0.0.1",
+               parts.port or (443 if parts.scheme == "https" else 80))
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            socket.create_connection(address, timeout=SERVER_RETRY_S).close()
+            return True
+        except OSError:
+            if time.monotonic() + SERVER_RETRY_S > deadline:
+                return False
+            time.sleep(SERVER_RETRY_S)
+
+
 def _cmd_enrol(args: argparse.Namespace) -> int:
     server = args.server or os.environ.get("EDGEPIPE_SERVER")
     token = args.token or os.environ.get("EDGEPIPE_TOKEN")
@@ -97,12 +119,24 @@ def _name(args: argparse.Namespace) -> str:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from agent.runtime import AgentRuntime
-
-    if not args.config.exists() and (args.token or os.environ.get("EDGEPIPE_TOKEN")):
+    token = args.token or os.environ.get("EDGEPIPE_TOKEN")
+    if not args.config.exists() and not token:
+        load_enrolment(args.config)  # raises, saying how to enrol
+    # the probe of this device's fixed costs (torch's import first) runs while this thread
+    # enrols and the server starts; it keeps its result beside the enrolment for a restart
+    calibration = Calibration(
+        path=args.config.with_name(f"{args.config.stem}.fixed-costs.json"),
+        slowdown=args.slowdown, threads=args.threads)
+    server = args.server or os.environ.get("EDGEPIPE_SERVER")
+    if args.wait_for_server > 0 and (server or args.config.exists()):
+        wait_for_server(normalise_server(server or load_enrolment(args.config).server),
+                        wait_s=args.wait_for_server)
+    if not args.config.exists():
         _cmd_enrol(args)
     enrolment = load_enrolment(args.config)
-    server = args.server or os.environ.get("EDGEPIPE_SERVER")
+    measured = calibration.result()  # before the runtime's threads start: it measures alone
+    from agent.runtime import AgentRuntime
+
     if server and normalise_server(server) != enrolment.server:
         # the server moved (another address or port): the device and its key stay the same
         log.info("using %s instead of the enrolment's %s", server, enrolment.server)
@@ -126,7 +160,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     log.info("agent %s (%s): data plane at %s, slowdown %gx%s", enrolment.name, enrolment.uid,
              runtime.advertised_address, config.slowdown, "".join(
                  f", {r.kind} {r.speed:g}:{r.backward_speed:g}" for r in config.resources))
-    runtime.calibrate()
+    runtime.calibrate(measured)
     try:
         asyncio.run(runtime.serve())
     finally:
@@ -191,6 +225,10 @@ def build_parser() -> argparse.ArgumentParser:
                                              "enrolled with); with --token, enrol first if no "
                                              "enrolment is stored")
     run_parser.add_argument("--token", help="enrolment token for a first start")
+    run_parser.add_argument("--wait-for-server", type=float, default=0.0, metavar="SECONDS",
+                            help="wait up to this long for a server that does not accept "
+                                 "connections yet (one starting beside this agent) before "
+                                 "enrolling or connecting (default 0: do not wait)")
     run_parser.add_argument("--name", help="device name for a first start")
     run_parser.add_argument("--data-host", default=os.environ.get("EDGEPIPE_DATA_HOST"),
                             help="the address neighbours reach this device's data plane at "

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from agent.calibration import FixedCosts
 from agent.config import AgentConfig
 from agent.connection import Connect, Session, websocket_channel
 from agent.data import Dataset, load_dataset
@@ -143,11 +144,14 @@ class AgentRuntime:
     def _on_reject(self, reason: str) -> None:
         log.warning("data plane rejected a message: %s", reason)
 
-    def calibrate(self) -> float:
-        """Measure this device's per-micro-batch overhead and per-message cost (reported at
-        every hello)."""
-        self.overhead_s = measure_overhead(slowdown=self.config.slowdown)
-        self.message_s = measure_message_cost()
+    def calibrate(self, measured: FixedCosts | None = None) -> float:
+        """This device's per-micro-batch overhead and per-message cost (reported at every
+        hello): ``measured`` (agent.calibration: probed as the agent started, or kept from an
+        earlier start), else measured now."""
+        if measured is None:
+            measured = FixedCosts(overhead_s=measure_overhead(slowdown=self.config.slowdown),
+                                  message_s=measure_message_cost())
+        self.overhead_s, self.message_s = measured.overhead_s, measured.message_s
         log.info("per-micro-batch overhead %.3f ms, per message %.3f ms",
                  self.overhead_s * 1e3, self.message_s * 1e3)
         freeze_heap()

@@ -27,7 +27,7 @@ class ApiClient:
                     return
             except httpx.HTTPError:
                 pass
-            time.sleep(0.3)
+            time.sleep(0.1)
         raise DemoError(f"the web server did not answer on {self.base_url} within "
                         f"{timeout_s:.0f} s")
 
@@ -59,14 +59,24 @@ class ApiClient:
         return self.request("POST", path, body or {})
 
 
+FIRST_LOOK_S = 0.05  # wait_for looks again this soon at first,
+LOOK_GROWTH = 1.5  # then this many times later each time, up to its every_s
+
+
 def wait_for(condition: Callable[[], Any], *, timeout_s: float, what: str,
-             every_s: float = 0.5) -> Any:
-    """Poll ``condition`` until it returns something truthy; DemoError after ``timeout_s``."""
+             every_s: float = 0.25) -> Any:
+    """Poll ``condition`` until it returns something truthy; DemoError after ``timeout_s``.
+    The looks come quickly at first and then further apart, up to ``every_s``: each step of
+    the demo's start-up waits for something that takes from a tenth of a second to a few,
+    and finds it done half a look late on average (each look is one request to the web
+    server, which shares the processors with the agents)."""
     deadline = time.monotonic() + timeout_s
+    pause_s = min(FIRST_LOOK_S, every_s)
     while True:
         value = condition()
         if value:
             return value
         if time.monotonic() > deadline:
             raise DemoError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(every_s)
+        time.sleep(pause_s)
+        pause_s = min(every_s, pause_s * LOOK_GROWTH)

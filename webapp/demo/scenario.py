@@ -41,6 +41,7 @@ from webapp.runs.models import Run
 from webapp.runs.selectors import run_summary
 
 FINAL_STATES = (Run.State.FINISHED, Run.State.FAILED, Run.State.CANCELLED)
+SERVER_START_S = 90.0  # how long the agents wait for the web server they start beside
 SUPERVISE_EVERY_S = 1.0  # how often the testbed looks after its agents (below SUPERVISOR_SILENT_S)
 
 
@@ -109,14 +110,19 @@ class LocalTestbed:
         call_command("migrate", interactive=False, verbosity=0)
         self.password = ensure_demo_admin(username=self.username)
         try:
+            # the agents start once the web server answers, and start up (import torch,
+            # probe their fixed costs) while the demo logs in: started with the web server
+            # instead, on two cores they slowed its start-up as much as they overlapped it
             self._start_servers()
+            for port in self.web_ports:
+                ApiClient(f"http://{self.host}:{port}").wait_until_up()
+            self._start_agents()
             self.api.login(self.username, self.password)
-            # the dashboard is up: the user can open it while the agents start
             self.say(f"EdgePipe dashboard on {self.url}/ (log in as {self.username} / "
                      f"{self.password})")
             self.say("starting agents: " + "; ".join(f"{a.name} ({a.describe()})"
                                                       for a in self.agents))
-            self.devices = self._devices_online(self._start_agents())
+            self.devices = self._devices_online(self._enrolled_uids())
         except BaseException:
             self.processes.stop_all()
             raise
@@ -149,8 +155,6 @@ class LocalTestbed:
                 "--concurrency", "1", "--hostname", f"worker{k + 1}@%h",
                 *(["--beat", "--schedule", settings.CELERY_BEAT_SCHEDULE_FILENAME]
                   if k == 0 else [])])
-        for port in self.web_ports:
-            ApiClient(f"http://{self.host}:{port}").wait_until_up()
 
     def agent_config(self, agent: DemoAgent) -> Path:
         return self.dir / "agents" / f"{agent.name}.json"
@@ -158,8 +162,8 @@ class LocalTestbed:
     def agent_process(self, agent: DemoAgent) -> str:
         return f"agent-{agent.name}"
 
-    def _start_agents(self) -> list[str]:
-        """Start every agent (enrolling those without an enrolment); returns their uids."""
+    def _start_agents(self) -> None:
+        """Start every agent (enrolling those without an enrolment)."""
         missing = [a for a in self.agents if not self.agent_config(a).exists()]
         token = None
         if missing:
@@ -168,6 +172,8 @@ class LocalTestbed:
                 created_by=admin, label="local testbed agents", max_uses=len(missing))
         for agent in self.agents:
             self._start_agent(agent, token=token if agent in missing else None)
+
+    def _enrolled_uids(self) -> list[str]:
         return [wait_for(lambda a=a: self._enrolled_uid(a), timeout_s=60,
                          what=f"agent {a.name} to enrol") for a in self.agents]
 
@@ -179,6 +185,7 @@ class LocalTestbed:
         command = [sys.executable, "-m", "agent", "run", "--config",
                    str(self.agent_config(agent)), "--server", server,
                    "--name", agent.name, "--threads", "1",
+                   "--wait-for-server", str(SERVER_START_S),
                    "--slowdown", str(agent.slowdown), "--latency-ms", str(agent.latency_ms)]
         if token is not None:
             command += ["--token", token]

@@ -247,6 +247,11 @@ else:
         "data_folder_out": str(CELERY_QUEUE_DIR),
         "control_folder": str(VAR_DIR / "celery" / "control"),
         "store_processed": False,
+        # kombu looks at the folder once a second by default, and the worker takes its next
+        # task only at its next look: the planners of a run, queued together, each waited
+        # most of a second for a few milliseconds of work (the demo's start waited on them,
+        # docs/benchmarks.md); a listing of the folder is cheap
+        "polling_interval": 0.1,
     }
     CELERY_RESULT_BACKEND = f"file://{VAR_DIR / 'celery' / 'results'}"
     private_dir(VAR_DIR)
