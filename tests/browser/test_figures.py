@@ -27,10 +27,15 @@ LAYER_WITH_MARKUP = "<i>stem</i>"
 
 @pytest.fixture(scope="module")
 def lab(server: Server) -> tuple[int, list[dict[str, Any]]]:
-    """Three generated devices (a model of their own, its first layer named with markup),
-    enrolled and profiled through the agent API, then renamed; the model spec id and the
-    enrolment answers, with the names as they are now."""
-    spec, devices = generated_testbed(seed=37, layers=7, devices=3)
+    return renamed_lab(server, seed=37, layers=7)
+
+
+def renamed_lab(server: Server, *, seed: int, layers: int) -> tuple[int, list[dict[str, Any]]]:
+    """Three generated devices (a model of their own, of ``layers`` layers: one per module
+    of tests, since a model is enrolled once; its first layer named with markup), enrolled and
+    profiled through the agent API, then renamed; the model spec id and the enrolment answers,
+    with the names as they are now."""
+    spec, devices = generated_testbed(seed=seed, layers=layers, devices=3)
     for _, profile in devices:
         profile["layers"][0]["name"] = LAYER_WITH_MARKUP
     spec_id, enrolled = enrol(server.api(), spec, devices)

@@ -17,8 +17,11 @@ from tests.browser.test_figures import Agents
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
 
-# three generated devices enrolled and profiled, one named with markup Plotly would render
-lab = test_figures.lab
+@pytest.fixture(scope="module")
+def lab(server: Server) -> tuple[int, list[dict[str, Any]]]:
+    """Three generated devices enrolled and profiled, one named with markup Plotly would
+    render (a model of this module's own: test_figures enrols its own)."""
+    return test_figures.renamed_lab(server, seed=59, layers=15)
 
 GIB = 2**30
 
