@@ -40,7 +40,6 @@ from orchestrator.protocol import (
 from orchestrator.protocol.fields import read_json_text
 from webapp.common.exceptions import ApplicationError
 from webapp.devices.commands import device_group
-from webapp.devices.models import Device
 from webapp.devices.selectors import device_by_credentials
 from webapp.gateway import services
 
@@ -119,8 +118,6 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         await self.accept()
         await gateway_database(services.agent_connected)(device_id=self.device_id,
                                                           channel=self.channel_name)
-        # connecting wrote the device online with a fresh heartbeat time
-        self.heartbeat_written = (Device.Status.ONLINE, time.monotonic())
 
     async def disconnect(self, code: int) -> None:
         if getattr(self, "device_id", None) is None:

@@ -61,12 +61,14 @@ def _run_of(device: Device, run_id: int) -> Run:
 
 
 def agent_connected(*, device_id: int, channel: str) -> Device:
-    """A new control connection: it is the device's current one from now on."""
+    """A new control connection: it is the device's current one from now on. Its heartbeat
+    time is left for its ``hello``: a device whose heartbeat is newer than a moment is one that
+    said where its data plane is since then (the demo waited for a fresh heartbeat, and a
+    restarted agent's fresh connection had its link measurement sent to its old address)."""
     device = Device.objects.get(pk=device_id)
     device.control_channel = channel
     device.status = Device.Status.ONLINE
-    device.last_heartbeat_at = timezone.now()
-    device.save(update_fields=["control_channel", "status", "last_heartbeat_at"])
+    device.save(update_fields=["control_channel", "status"])
     return device
 
 
@@ -92,7 +94,8 @@ def _hello(device: Device, message: Hello) -> Reply:
     device.data_key = message.data_key
     # its emulated compute resources (--resources): said anew at each hello, none without
     device.resources = [r.to_json() for r in message.resources or ()]
-    fields = ["data_address", "data_key", "resources"]
+    device.last_heartbeat_at = timezone.now()  # a sign of life, and of where it listens
+    fields = ["data_address", "data_key", "resources", "last_heartbeat_at"]
     for name in ("overhead_s", "message_s"):  # the agent's measured fixed costs
         value = getattr(message, name)
         if value is not None:

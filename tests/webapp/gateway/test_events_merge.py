@@ -148,7 +148,7 @@ def test_heartbeats_are_written_well_within_the_offline_deadline() -> None:
 
 
 def test_a_repeated_heartbeat_is_not_written_but_a_change_is() -> None:
-    # Prepare: the device's row says online since connecting; its heartbeat time is cleared
+    # Prepare: a connection whose first heartbeat was written; its heartbeat time is cleared
     device = DeviceFactory()
     forget_heartbeat = database_sync_to_async(
         lambda: Device.objects.filter(pk=device.pk).update(last_heartbeat_at=None))
@@ -159,6 +159,7 @@ def test_a_repeated_heartbeat_is_not_written_but_a_change_is() -> None:
         link = WebsocketCommunicator(application, "/ws/agent/", headers=[
             (b"authorization", f"Device {device.uid}:{device.key}".encode())])
         assert (await link.connect())[0]
+        await link.send_json_to({"type": "heartbeat", "status": "online"})  # the first: written
         await link.send_json_to({"type": "ping", "id": 1})
         await link.receive_json_from(timeout=5)
         await forget_heartbeat()
@@ -179,3 +180,30 @@ def test_a_repeated_heartbeat_is_not_written_but_a_change_is() -> None:
     # Assert: the repeat did not touch the row; the change wrote it
     assert seen[0] is None
     assert seen[1] is not None
+
+
+def test_a_fresh_heartbeat_time_means_the_hello_with_its_address_was_stored() -> None:
+    # a restarted agent's connection marked a fresh heartbeat before its hello: the demo, which
+    # waits for one, measured the links at the agents' old data-plane addresses, and every
+    # probe timed out (CI, test_fault_tolerance[last] and test_groups[pipedream])
+    device = DeviceFactory()
+    Device.objects.filter(pk=device.pk).update(last_heartbeat_at=None,
+                                               data_address="tcp://127.0.0.1:1")
+    row = database_sync_to_async(lambda: Device.objects.get(pk=device.pk))
+
+    async def scenario() -> list[Device]:
+        link = WebsocketCommunicator(application, "/ws/agent/", headers=[
+            (b"authorization", f"Device {device.uid}:{device.key}".encode())])
+        assert (await link.connect())[0]
+        seen = [await row()]
+        await link.send_json_to({"type": "hello", "data_key": DATA_KEY,
+                                 "data_address": "tcp://127.0.0.1:6001"})
+        assert (await link.receive_json_from(timeout=5))["type"] == "welcome"
+        seen.append(await row())
+        await link.disconnect()
+        return seen
+
+    connected, greeted = async_to_sync(scenario)()
+    assert connected.status == Device.Status.ONLINE and connected.last_heartbeat_at is None
+    assert greeted.last_heartbeat_at is not None
+    assert greeted.data_address == "tcp://127.0.0.1:6001"
