@@ -97,6 +97,14 @@ def run_demo(options: DemoOptions, *, say: Callable[[str], None] = print
                         f"{', '.join(a.name for a in o.agents)}")
     if o.slow_agent and o.slow_agent_at is None:
         raise DemoError("--slow-agent: say when with --slow-agent-at SECONDS")
+    if not 1 <= o.microbatches <= 1024:
+        raise DemoError(f"--microbatches must be from 1 to 1024, got {o.microbatches}")
+    if o.batches is not None and o.batches < 1:
+        raise DemoError(f"--batches must be at least 1, got {o.batches}")
+    if o.batches_to_train() * o.microbatches > MAX_MICROBATCHES:
+        raise DemoError(f"--batches: {o.batches_to_train():,} batches of {o.microbatches} "
+                        f"micro-batches make {o.batches_to_train() * o.microbatches:,}; a run "
+                        f"trains at most {MAX_MICROBATCHES:,}")
     if not 1 <= o.slow_to <= 1000:
         raise DemoError(f"--slow-to must be from 1 to 1000, got {o.slow_to:g}")
     if o.lr is not None and not 0 < o.lr <= LR_MAX:

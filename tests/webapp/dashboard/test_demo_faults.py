@@ -146,6 +146,10 @@ def test_the_kill_flags_help_says_which_agent_by_default():
     ({"lr": 0.0}, "--lr must be above 0 and at most 100, got 0"),
     ({"lr": 101.0}, "--lr must be above 0 and at most 100, got 101"),
     ({"kill_agents": ("demo-fast",)}, "--kill-agent: say when with --kill-agent-at SECONDS"),
+    ({"microbatches": 0}, "--microbatches must be from 1 to 1024, got 0"),
+    ({"batches": 0}, "--batches must be at least 1, got 0"),
+    ({"batches": 10_000}, "--batches: 10,000 batches of 8 micro-batches make 80,000; a run "
+                          "trains at most 50,000"),
 ])
 def test_bad_demo_options_are_refused_before_anything_starts(changes, message):
     with pytest.raises(DemoError, match=re.escape(message)):
