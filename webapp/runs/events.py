@@ -98,9 +98,10 @@ def event_idle(run: Run) -> Event:
 # A WebSocket message's most bytes: daphne refuses to send more (autobahn's payload limit,
 # 1 MiB by default), and the page's socket closes with 1011 on each attempt to connect
 WS_MAX_BYTES = 1024 * 1024
-# what a snapshot may take of it, and what one delta's rows may (DELTA_MAX_ROWS of the largest
-# rows, timeline events of about 200 bytes, make about 0.4 MB)
-SNAPSHOT_MAX_BYTES = 900 * 1024
+# what a snapshot may take of it (as the consumer sends it: json.dumps' default separators),
+# and what one delta's rows may (DELTA_MAX_ROWS of the largest rows, timeline events of about
+# 200 bytes, make about 0.4 MB)
+SNAPSHOT_MAX_BYTES = WS_MAX_BYTES * 7 // 8
 DELTA_MAX_ROWS = 2000
 
 
@@ -129,7 +130,7 @@ def run_snapshot(run: Run) -> Event:
 def snapshot_bounded(snapshot: Event, max_bytes: int) -> Event:
     """``snapshot`` with its timeline and metric limits halved (each window trimmed to its
     newest rows) until its JSON takes at most ``max_bytes``, or both limits are down to 1."""
-    while (len(json.dumps(snapshot, separators=(",", ":"))) > max_bytes
+    while (len(json.dumps(snapshot).encode()) > max_bytes
            and (snapshot["timeline_limit"] > 1 or snapshot["metrics_limit"] > 1)):
         timeline_limit = max(1, snapshot["timeline_limit"] // 2)
         metrics_limit = max(1, snapshot["metrics_limit"] // 2)

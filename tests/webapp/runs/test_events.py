@@ -166,11 +166,12 @@ def test_a_snapshot_too_large_for_a_websocket_message_keeps_its_newest_rows():
                for m in range(2000)]
     snapshot = {"type": "snapshot", "timeline_limit": 3000, "timeline": timeline,
                 "metrics_limit": 2000, "metrics": metrics, "faults": []}
-    bounded = events.snapshot_bounded(snapshot, 900 * 1024)
-    assert len(json.dumps(bounded, separators=(",", ":"))) <= 900 * 1024
+    bounded = events.snapshot_bounded(snapshot, events.SNAPSHOT_MAX_BYTES)
+    # measured as the consumer sends it (json.dumps' default separators)
+    assert len(json.dumps(bounded).encode()) <= events.SNAPSHOT_MAX_BYTES < events.WS_MAX_BYTES
     assert (bounded["timeline_limit"], bounded["metrics_limit"]) == (750, 500)
     assert bounded["timeline"] == timeline[-750:] and bounded["metrics"] == metrics[-500:]
-    assert events.snapshot_bounded(bounded, 900 * 1024) == bounded
+    assert events.snapshot_bounded(bounded, events.SNAPSHOT_MAX_BYTES) == bounded
 
 
 def test_an_event_of_many_rows_is_sent_in_parts_that_apply_as_it_would():
