@@ -26,6 +26,7 @@ table, then one JSON line; exits 1 if anything was dropped or refused, keeping t
 """
 from __future__ import annotations
 
+import abc
 import argparse
 import asyncio
 import contextlib
@@ -60,7 +61,7 @@ TICK_S = os.sysconf("SC_CLK_TCK")
 # ----------------------------------------------------------------------------- the clients
 
 
-class Socket:
+class Socket(abc.ABC):
     """A WebSocket of the bench's, read until it closes: ``closed`` if the server closed it (or
     it broke) before the bench did."""
 
@@ -84,11 +85,12 @@ class Socket:
                 self.received(time.time(), json.loads(raw))
         self.closed = not self.leaving
 
-    async def greet(self) -> None:
-        """What this socket says first."""
+    async def greet(self) -> None:  # noqa: B027  (a page says nothing first)
+        """What this socket says first: nothing, unless a kind of socket says otherwise."""
 
+    @abc.abstractmethod
     def received(self, now: float, message: dict[str, Any]) -> None:
-        raise NotImplementedError
+        """Take a message that arrived at ``now`` (wall clock)."""
 
     async def close(self) -> None:
         self.leaving = True
