@@ -45,7 +45,7 @@ from webapp.devices.events import event_profiling, profiling_event_send
 from webapp.devices.models import Device
 from webapp.runs import recovery
 from webapp.runs import services as run_services
-from webapp.runs.models import Run, RunDevice
+from webapp.runs.models import Run
 
 log = logging.getLogger(__name__)
 
@@ -218,8 +218,7 @@ def _events_together(device_id: int, batches: list[Events]) -> list[Answer]:
             if device.status == Device.Status.RETIRED:
                 raise InvalidInput("device", f"device {device.uid} is retired")
             run = _run_of(device, batches[0].run)
-            member = (RunDevice.objects.select_for_update()
-                      .filter(run=run, device=device).first())
+            member = run_services.run_member_lock(run=run, device=device)
             fresh = [b for b in batches if member is None or member.events_stream != b.stream
                      or (b.seq or 0) > member.events_seq]
             if fresh:

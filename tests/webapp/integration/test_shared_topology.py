@@ -202,6 +202,20 @@ def test_two_web_processes_and_two_workers_recover_a_run_with_nothing_lost(
     assert out["updated"] == list(range(out["total"]))  # every micro-batch trained
 
 
+def test_an_events_batch_and_a_stage_report_do_not_deadlock() -> None:
+    # an events batch locked the device's membership of the run and then, through its rows'
+    # foreign key, the run's row; a stage report locks the run, then the membership: on
+    # PostgreSQL both waited a second and one failed ("deadlock detected"), and the probes
+    # answered meanwhile came too late: every device of the run was declared lost
+    with throwaway_servers() as (env, _):
+        result = subprocess.run(
+            [sys.executable, str(ROOT / "tests" / "integration" / "lock_order.py")],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out == {"errors": [], "stored": 1}
+
+
 def test_a_consumer_idle_longer_than_the_redis_read_timeout_keeps_waiting() -> None:
     # redis-py 8 reads with a 5 s socket timeout and channels_redis blocks 5 s in BZPOPMIN:
     # every consumer idle for 5 s failed ("Timeout reading") and its WebSocket closed (1011)

@@ -124,6 +124,20 @@ def _metric_points(metrics: Sequence[Any]) -> tuple[list[dict[str, Any]], list[d
     return kept, refused
 
 
+def run_member_lock(*, run: Run, device: Device) -> RunDevice | None:
+    """(In a transaction.) The device's membership of the run, locked, for storing a batch of
+    its events. On PostgreSQL the run's row is first locked FOR KEY SHARE, the lock that the
+    batch's inserts take anyway through their foreign key: taken after the membership's, it
+    reversed the order of every other writer (the run, then a membership), and an events batch
+    and a stage report deadlocked (both waited a second, then one failed)."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1 FROM runs_run WHERE id = %s FOR KEY SHARE", [run.pk])
+    member: RunDevice | None = (RunDevice.objects.select_for_update()
+                                .filter(run=run, device=device).first())
+    return member
+
+
 def _idle_due(run_id: int) -> bool:
     """The idle breakdown reads the whole window back from the database: recompute it at most
     every LIVE_IDLE_INTERVAL_S per run, not for every agent's batch. The mark is in the cache
@@ -144,7 +158,7 @@ def run_events_store(*, run: Run, device: Device, timeline: Sequence[Any] = (),
                        f"{', '.join(sorted(ACTIVE))}", state=run.state, action="report events")
     member = None
     if stream is not None and seq is not None:
-        member = RunDevice.objects.select_for_update().filter(run=run, device=device).first()
+        member = run_member_lock(run=run, device=device)
         if member is not None and member.events_stream == stream and seq <= member.events_seq:
             return {"timeline": 0, "faults": 0, "metrics": 0, "refused": []}
     records = _parsed(timeline, "timeline", parse_event, run)
