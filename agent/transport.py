@@ -49,6 +49,11 @@ log = logging.getLogger("edgepipe.agent.transport")
 
 DEFAULT_MAX_PENDING = 4096  # received messages waiting for their stage
 DEFAULT_MAX_PENDING_BYTES = 1024 * 1024 * 1024
+# a peer that refused this agent's handshake (it did not admit this agent's key yet): ZeroMQ
+# ends that connection for good, so the socket is opened anew for the next send
+HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+SEND_POLL_MS = 100  # a send that cannot go yet looks again this often for a refusal
 
 @dataclass(frozen=True)
 class Shaping:
@@ -79,6 +84,31 @@ class _Outgoing:
     frames: list[bytes]
     header: Header
     done: threading.Event | None = None  # set once sent, for a caller that waits for it
+
+
+@dataclass(frozen=True)
+class _PeerSocket:
+    """A PUSH socket to a peer at ``where`` (address, public key), and the monitor socket on
+    which ZeroMQ says that the peer refused its handshake."""
+
+    where: tuple[str, bytes]
+    socket: zmq.Socket[bytes]
+    monitor: zmq.Socket[bytes]
+
+    def refused(self) -> bool:
+        """Has the peer refused a handshake since the socket opened? (Events are read off.)"""
+        refused = False
+        while self.monitor.poll(0):
+            self.monitor.recv_multipart()
+            refused = True
+        return refused
+
+    def close(self, *, linger: bool = False) -> None:
+        """Close it; ``linger``: what it still queues has the socket's LINGER to go, else it
+        is dropped."""
+        self.socket.disable_monitor()
+        self.monitor.close(linger=0)
+        self.socket.close(linger=None if linger else 0)
 
 
 def _key(key: bytes | str) -> bytes:
@@ -128,8 +158,8 @@ class DataPlane:
         self.shaped = self.shaping.bandwidth_bps is not None or self.shaping.latency_s > 0
         # the sockets to peers, used by one thread at a time (zmq sockets are not thread-safe)
         self._sending = threading.Lock()
-        # peer -> ((address, public key), socket)
-        self._sockets: dict[str, tuple[tuple[str, bytes], zmq.Socket[bytes]]] = {}
+        # peer -> ((address, public key), socket, its monitor of handshake failures)
+        self._sockets: dict[str, _PeerSocket] = {}
         self._free_at = 0.0  # when the shaped line is next free
         # messages to send; an Event is a flush marker, None stops the sender
         self._outgoing: queue.Queue[_Outgoing | threading.Event | None] = queue.Queue()
@@ -181,7 +211,7 @@ class DataPlane:
         with self._sending:
             known = self._sockets.pop(peer, None)
             if known is not None:
-                known[1].close(linger=0)
+                known.close()
 
     def repoint(self, peer: str, address: str) -> None:
         """Send to the known ``peer`` at ``address`` from now on, still encrypted to the key the
@@ -218,14 +248,18 @@ class DataPlane:
         if item.done is not None:
             item.done.wait()
 
-    def _socket(self, peer: str) -> zmq.Socket[bytes]:
+    def _socket(self, peer: str) -> _PeerSocket:
         """The socket to ``peer``'s current address (under ``_sending``)."""
         where = self._peers[peer]
         known = self._sockets.get(peer)
-        if known is not None and known[0] != where:
+        if known is not None and known.where != where:
             # the peer came back elsewhere (a restarted agent binds a new port, with its key):
             # what is still queued for the old address is for a process that is gone
-            known[1].close(linger=0)
+            known.close()
+            known = None
+        if known is not None and known.refused():
+            log.warning("%s refused this agent's handshake: connecting again", peer)
+            known.close()
             known = None
         if known is None:
             sock = self.context.socket(zmq.PUSH)
@@ -233,20 +267,39 @@ class DataPlane:
             sock.curve_publickey = self.keys.public
             sock.curve_serverkey = where[1]
             sock.setsockopt(zmq.LINGER, 2000)
+            monitor = sock.get_monitor_socket(HANDSHAKE_FAILED)
             sock.connect(where[0])
-            known = self._sockets[peer] = (where, sock)
-        return known[1]
+            known = self._sockets[peer] = _PeerSocket(where, sock, monitor)
+        return known
+
+    def _send_now(self, peer: str, frames: list[bytes]) -> None:
+        """Send ``frames`` to ``peer`` (under ``_sending``). A refused handshake ends the
+        socket's connection for good, and a send on it waited forever (with the send lock
+        held, so every other send waited too): a send that cannot go yet looks for a refusal
+        and then goes on a new socket."""
+        while True:
+            known = self._socket(peer)
+            try:
+                known.socket.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                return
+            except zmq.Again:
+                if self._stop.is_set():
+                    raise TransportError(f"the data plane closed before a send to {peer}"
+                                         ) from None
+            poller = zmq.Poller()
+            poller.register(known.socket, zmq.POLLOUT)
+            poller.register(known.monitor, zmq.POLLIN)
+            poller.poll(SEND_POLL_MS)
 
     def _deliver(self, item: _Outgoing) -> None:
         """Send one message now, after the shaped line's delay (under ``_sending``)."""
-        sock = self._socket(item.peer)
         nbytes = sum(len(f) for f in item.frames[1:])
         start = max(self.clock(), self._free_at)
         deliver = start + self.shaping.delay_s(nbytes)
         pause = deliver - self.clock()
         if pause > 0:
             time.sleep(pause)
-        sock.send_multipart(item.frames, copy=False)
+        self._send_now(item.peer, item.frames)
         self._free_at = deliver
         end = self.clock()
         if self.on_send is not None:
@@ -432,8 +485,8 @@ class DataPlane:
         self._sender.join(timeout=5)
         self._receiver.join(timeout=5)
         with self._sending:
-            for _, sock in self._sockets.values():
-                sock.close()
+            for known in self._sockets.values():
+                known.close(linger=True)
         self.inbox_socket.close()
         self.authenticator.stop()
         self.context.term()

@@ -176,3 +176,32 @@ def test_a_link_is_measured_when_the_peer_learns_this_agents_key_after_the_first
     finally:
         a.close()
         b.close()
+
+
+def test_a_send_after_the_peer_refused_the_handshake_reaches_it_once_it_admits_this_agent(
+) -> None:
+    # the peer refused this agent's first handshake (the server's command naming this agent
+    # had not reached it yet): ZeroMQ closed the connection for good and a send on the same
+    # socket blocked forever, holding the plane's send lock: the ping answers waited behind
+    # it, and the agent's links were never measured (two web processes, the commands came
+    # through different processes)
+    import threading
+
+    a = DataPlane(bind="tcp://127.0.0.1:0", identity="a")
+    b = DataPlane(bind="tcp://127.0.0.1:0", identity="b")
+    try:
+        a.connect("b", b.address, b.public_key)
+        a.send("b", encode(run=1, kind="activation", microbatch=0, version=0,
+                           tensor=torch.ones(2)))
+        assert wait_for(lambda: b.authenticator.refused >= 1)
+        b.connect("a", a.address, a.public_key)  # the server's command reaches b now
+        sender = threading.Thread(target=lambda: a.send("b", encode(
+            run=1, kind="activation", microbatch=1, version=0, tensor=torch.ones(2))),
+            daemon=True)
+        sender.start()
+        sender.join(timeout=20)
+        assert not sender.is_alive()
+        assert b.receive(1, "activation", 1, timeout_s=20).tensor.tolist() == [1.0, 1.0]
+    finally:
+        a.close()
+        b.close()
