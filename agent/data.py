@@ -16,7 +16,9 @@
   not exist. Without a data directory ``npz:`` data sets are refused.
 
 Micro-batch m is a deterministic function of (seed, m): each epoch is a fresh permutation of the
-training set, so every device that reads the data agrees on what micro-batch m holds.
+training set, so every device that reads the data agrees on what micro-batch m holds (a split-
+learning client's two stages read its labels each from its own copy). A run may cut the
+training set in shards (:meth:`Dataset.shard`), one per pipeline: a client's own data.
 """
 
 from __future__ import annotations
@@ -77,8 +79,34 @@ class Dataset:
         idx = self.indices(microbatch, batch_size, seed=seed)
         return torch.from_numpy(self.x_train[idx]), torch.from_numpy(self.y_train[idx])
 
+    def labels(self, microbatch: int, batch_size: int, *, seed: int) -> torch.Tensor:
+        """Micro-batch ``microbatch``'s labels alone (those of :meth:`microbatch`)."""
+        return torch.from_numpy(self.y_train[self.indices(microbatch, batch_size, seed=seed)])
+
     def test_set(self) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.from_numpy(self.x_test), torch.from_numpy(self.y_test)
+
+    def shard(self, index: int, count: int, *, split: str = "iid", seed: int = 0) -> Dataset:
+        """Shard ``index`` of ``count`` of the training set (a split-learning client's own
+        data; the held-out set stays whole, for the aggregated model's accuracy). "iid": a
+        seeded permutation cut in ``count`` parts; "label-skew": the training set ordered by
+        label (ties in a seeded order) cut in ``count`` parts, so that each holds only a
+        few classes. The shards of one (count, split, seed) are disjoint and cover the set."""
+        if not 0 <= index < count:
+            raise DataError(f"{self.name}: shard {index} of {count} does not exist")
+        if count > len(self.y_train):
+            raise DataError(f"{self.name}: {count} shards of {len(self.y_train)} training "
+                            "samples leave some empty")
+        order = np.random.default_rng([seed, count]).permutation(len(self.y_train))
+        if split == "label-skew":
+            order = order[np.argsort(self.y_train[order], kind="stable")]
+        elif split != "iid":
+            raise DataError(f"unknown shard split {split!r}; use iid or label-skew")
+        part = np.sort(np.array_split(order, count)[index])
+        return Dataset(name=f"{self.name}[{split} {index}/{count}]",
+                       x_train=np.ascontiguousarray(self.x_train[part]),
+                       y_train=self.y_train[part], x_test=self.x_test, y_test=self.y_test,
+                       num_classes=self.num_classes)
 
 
 def _split(name: str, x: npt.NDArray[np.float32], y: npt.NDArray[np.int64],

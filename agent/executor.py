@@ -5,7 +5,9 @@ dispatch table, exchanging activations, gradients and labels with its neighbours
   activation from the inbox. The output goes to the next stage's device for m, or, on the
   last stage, into the loss (cross-entropy) and accuracy. The labels ride with the
   activations, stage to stage, to the last stage (a message of their own from stage 0 to the
-  last stage cost a send, a receive and two timeline events per micro-batch).
+  last stage cost a send, a receive and two timeline events per micro-batch); in a U-shaped
+  pipeline (split learning) they never leave the device that holds both ends, whose last
+  stage reads them from its own copy of the data.
 - ``B`` (backward): the last stage differentiates its loss; others take the gradient of their
   output from the inbox. The gradient of the input goes back to the previous stage's device.
 - ``A`` (replicas of a stage share gradients, agent.gradsync): under asynchronous 1F1B this
@@ -192,13 +194,13 @@ class StageExecutor(Sharing):
             self.running.set()
         self.schedule = spec.build_schedule()
         first = spec.first_microbatch
-        own = self.schedule.actions[spec.device]
+        own = self.schedule.actions_of(spec.device, spec.stage)
         self.actions: Sequence[Action] = [replace(a, microbatch=a.microbatch + first)
                                           for a in own]
         # each forward's gate, by micro-batch (a device forwards each once)
         self.gates: dict[int, ForwardGate] = {
             self.actions[position].microbatch: gate
-            for position, gate in self.schedule.gates(spec.device).items()}
+            for position, gate in self.schedule.gates(spec.device, spec.stage).items()}
         self.store = store
         self.on_checkpoint = on_checkpoint or (lambda applied, tensors, chain, central: None)
         self.on_suspect = on_suspect or (lambda microbatch, waited: None)
@@ -571,7 +573,11 @@ class StageExecutor(Sharing):
             message = self._receive("activation", m)
             self._record_receive(message, k)
             inputs = message.tensor.requires_grad_(True)
-            labels = message.labels  # they ride with the activations, to the last stage
+            if self.spec.last and self.spec.u_shaped:  # the labels never left this device
+                assert self.dataset is not None
+                labels = self.dataset.labels(m, self.spec.batch_size, seed=self.spec.seed)
+            else:
+                labels = message.labels  # they ride with the activations, to the last stage
             header_version = message.header.version
             self.latest_header_version = max(self.latest_header_version, header_version)
             version = self._forward_version(m, header_version)
@@ -606,7 +612,8 @@ class StageExecutor(Sharing):
         self.result.forwards.append(m)
         self.result.versions[m] = version
         if not self.spec.last:
-            self._send("activation", k + 1, m, header_version, output.detach(), labels=labels)
+            self._send("activation", k + 1, m, header_version, output.detach(),
+                       labels=None if self.spec.u_shaped else labels)
 
     def _take_in_flight(self, m: int) -> _InFlight:
         """The forward of m's state (on two lanes the last stage's backward may come before

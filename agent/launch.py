@@ -58,6 +58,12 @@ RUN_END_GRACE_S = 300.0
 PROTECT_WAIT_S = 30.0
 
 
+def reads_data(spec: StageSpec) -> bool:
+    """Does this stage read the data set: the first (inputs), and the last of a U-shaped
+    pipeline (its labels, which never leave the device that holds both ends)."""
+    return spec.first or (spec.last and spec.u_shaped)
+
+
 def run_grant(run: int) -> tuple[str, int]:
     """What a run's peers are admitted under on the data plane (DataPlane.admit)."""
     return ("run", run)
@@ -109,6 +115,8 @@ class Launcher:
         if command.restore is None and spec.generation:
             raise StageError("a deployment of a later generation needs restore")
         data = self.dataset(spec.dataset)
+        if spec.shard is not None:  # this pipeline's own part of the training set
+            data = data.shard(*spec.shard, split=spec.shard_split, seed=spec.seed)
         model = build_model(spec.model, input_shape=data.input_shape,
                             num_classes=data.num_classes, seed=spec.seed)
         module = model.stage(*spec.layers)
@@ -129,7 +137,7 @@ class Launcher:
         running.set()
         executor = StageExecutor(
             spec, module=module, plane=self.plane, clock=clock,
-            dataset=data if spec.first else None, on_event=self.reporter.event,
+            dataset=data if reads_data(spec) else None, on_event=self.reporter.event,
             on_metric=lambda m: self.reporter.metric(spec.run, m), slowdown=self.slowdown(),
             warm=self.warm.get(spec.model, spec.dataset, spec.batch_size),
             stop=stop, running=running, store=store, threads=self.threads,

@@ -500,10 +500,26 @@ def freeze_beta(beta: Mapping[str, Mapping[str, float]]) -> Mapping[str, Mapping
     return MappingProxyType({d: MappingProxyType(dict(r)) for d, r in beta.items()})
 
 
+def u_shaped(stage_devices: Sequence[Sequence[str]]) -> bool:
+    """Is a pipeline of stages served by these devices U-shaped: three stages or more, the
+    first and the last on one device (neither replicated), every other stage on devices of
+    its own? That device holds both ends: the inputs and the labels stay on it (split
+    learning's client holds part-1 and part-3)."""
+    if len(stage_devices) < 3:
+        return False
+    first, last = tuple(stage_devices[0]), tuple(stage_devices[-1])
+    if len(first) != 1 or first != last:
+        return False
+    middle = [d for devices in stage_devices[1:-1] for d in devices]
+    return first[0] not in middle and len(set(middle)) == len(middle)
+
+
 def check_stages(stages: Sequence[Stage], *, num_layers: int, device_ids: Sequence[str],
                  at: At | None = None) -> None:
     """Raise unless the stages cover layers 0..num_layers-1 once, in order, on known devices
-    that each serve a single stage."""
+    that each serve a single stage, except a U-shaped pipeline's: its first and last stages
+    may share their one device (split learning: a client holds part-1 and part-3, and its
+    labels never leave it)."""
     at = at or At("<plan>", "stages")
     if not stages:
         raise at.fail("must not be empty", show_value=False)
@@ -531,9 +547,10 @@ def check_stages(stages: Sequence[Stage], *, num_layers: int, device_ids: Sequen
         for j, dev in enumerate(stage.devices):
             if dev not in known:
                 raise sa.key("devices").index(j).fail("is not a known device", dev)
-            if dev in where_used:
+            if dev in where_used and not u_shaped([st.devices for st in stages]):
                 raise sa.key("devices").index(j).fail(
-                    f"already serves stage {where_used[dev]}; a device serves one stage", dev)
+                    f"already serves stage {where_used[dev]}; a device serves one stage (or "
+                    "the first and the last of a U-shaped pipeline)", dev)
             where_used[dev] = k
         expected = e + 1
     if expected != num_layers:

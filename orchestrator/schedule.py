@@ -58,7 +58,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
-from orchestrator.formats import SCHEDULES, synchronous
+from orchestrator.formats import SCHEDULES, synchronous, u_shaped
 
 ACTION_KINDS = ("F", "B", "A", "U", "G")
 # The most micro-batches a run trains (batches x micro-batches x epochs). A schedule lists
@@ -138,11 +138,17 @@ class Schedule:
                 return k
         raise ValueError(f"device {device!r} serves no stage")
 
-    def gates(self, device: str) -> dict[int, ForwardGate]:
-        """:func:`forward_gates` of a device's list."""
-        k = self.stage_of(device)
+    def actions_of(self, device: str, stage: int | None = None) -> tuple[Action, ...]:
+        """The device's list, or its list for ``stage`` alone (a U-shaped pipeline's device
+        serves two stages, each run by an executor of its own)."""
+        own = self.actions[device]
+        return own if stage is None else tuple(a for a in own if a.stage == stage)
+
+    def gates(self, device: str, stage: int | None = None) -> dict[int, ForwardGate]:
+        """:func:`forward_gates` of a device's list (for ``stage``: of :meth:`actions_of`)."""
+        k = self.stage_of(device) if stage is None else stage
         replicated = len(self.stage_devices[k]) > 1
-        return forward_gates(self.actions[device], name=self.name,
+        return forward_gates(self.actions_of(device, stage), name=self.name,
                              two_lanes=device in self.two_lanes,
                              depth=self.lag[k] if replicated else None)
 
@@ -357,8 +363,9 @@ def build_schedule(*, name: str, stage_devices: Sequence[Sequence[str]],
     if lag is not None and len(lag) != len(stage_devices):
         raise ValueError(f"lag needs one depth per stage, got {list(lag)}")
     every = [d for devices in stage_devices for d in devices]
-    if len(set(every)) != len(every):
-        raise ValueError("a device serves one stage of a pipeline")
+    if len(set(every)) != len(every) and not u_shaped(stage_devices):
+        raise ValueError("a device serves one stage of a pipeline (or the first and the last "
+                         "of a U-shaped one)")
     unknown = sorted(set(two_lanes) - set(every))
     if unknown:
         raise ValueError(f"two_lanes names {unknown[0]!r}, which serves no stage")
@@ -397,7 +404,9 @@ def build_schedule(*, name: str, stage_devices: Sequence[Sequence[str]],
                 acts = _one_f_one_b(k, mine, depth)
             if rounds and k in rounds:
                 acts = _with_rounds(acts, rounds[k])
-            actions[device] = tuple(replace(a, pipeline=pipeline) for a in acts)
+            # a U-shaped pipeline's device lists its first stage's actions, then its last's
+            actions[device] = (*actions.get(device, ()),
+                               *(replace(a, pipeline=pipeline) for a in acts))
     return Schedule(name=name, num_stages=num_stages, microbatches=microbatches,
                     flush_every=flush, stage_devices=tuple(tuple(d) for d in stage_devices),
                     replica=tuple(replica), actions=MappingProxyType(actions),

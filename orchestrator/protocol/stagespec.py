@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
-from orchestrator.formats import SCHEDULES, synchronous
+from orchestrator.formats import SCHEDULES, synchronous, u_shaped
 from orchestrator.protocol.fields import (
     MAX_PIPELINES,
     MAX_REPLICAS,
@@ -22,6 +22,8 @@ from orchestrator.protocol.fields import (
     read_text,
 )
 from orchestrator.schedule import MAX_MICROBATCHES, Schedule, build_schedule
+
+SHARD_SPLITS = ("iid", "label-skew")  # how a run's training set is cut among pipelines
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,9 @@ class StageSpec:
     (orchestrator.runplan): the stage's ``pipeline``, and, for a stage in an aggregation
     group, ``round_every`` (micro-batches of its pipeline a round), the ``group``'s members
     (device, pipeline, stage) in ring order, this one among them, and its FedAvg
-    ``group_weight``.
+    ``group_weight``. Data: ``shard`` (index, count), the part of the training set this
+    pipeline trains on (a split-learning client's own), cut ``shard_split`` ("iid", or
+    "label-skew": each shard holds few classes); None: all of it.
     """
 
     run: int
@@ -79,6 +83,8 @@ class StageSpec:
     round_every: int = 0
     group: tuple[tuple[str, int, int], ...] = ()
     group_weight: float = 1.0
+    shard: tuple[int, int] | None = None
+    shard_split: str = "iid"
 
     def __post_init__(self) -> None:
         self.check()
@@ -96,6 +102,13 @@ class StageSpec:
     @property
     def last(self) -> bool:
         return self.stage == self.num_stages - 1
+
+    @property
+    def u_shaped(self) -> bool:
+        """Do the pipeline's first and last stages share one device (split learning's
+        client)? Then the labels never leave it: stage 0 sends none, and the last stage reads
+        them from its own copy of the data set."""
+        return u_shaped(self.stage_devices)
 
     @property
     def replicas(self) -> tuple[str, ...]:
@@ -156,8 +169,9 @@ class StageSpec:
                                                  strict=True)):
             raise fail("stage_times_s", "needs one time per replica of each stage")
         every = [d for group in self.stage_devices for d in group]
-        if len(set(every)) != len(every):
-            raise fail("stage_devices", "names a device twice")
+        if len(set(every)) != len(every) and not self.u_shaped:
+            raise fail("stage_devices", "names a device twice (only a U-shaped pipeline's "
+                       "first and last stages share theirs)")
         if not 0 <= self.stage < self.num_stages:
             raise fail("stage", f"is not in 0..{self.num_stages - 1}", self.stage)
         if self.device not in self.stage_devices[self.stage]:
@@ -205,6 +219,12 @@ class StageSpec:
                        "once, and goes with round_every")
         if not (self.group_weight > 0 and math.isfinite(self.group_weight)):
             raise fail("group_weight", "must be a positive number", self.group_weight)
+        if self.shard is not None and not 0 <= self.shard[0] < self.shard[1]:
+            raise fail("shard", "must be [index, count] with 0 <= index < count",
+                       list(self.shard))
+        if self.shard_split not in SHARD_SPLITS:
+            raise fail("shard_split", f"must be one of {', '.join(SHARD_SPLITS)}",
+                       self.shard_split)
         if not (self.suspect_factor > 0 and self.suspect_min_s > 0
                 and self.receive_timeout_s > 0):
             raise fail("suspect_factor", "suspect_factor, suspect_min_s and "
@@ -214,7 +234,7 @@ class StageSpec:
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("layers", "inflight", "lag", "two_lanes", "lane_shares"):
+            if f.name in ("layers", "inflight", "lag", "two_lanes", "lane_shares", "shard"):
                 value = None if value is None else list(value)
             elif f.name == "group":
                 value = [list(member) for member in value]
@@ -292,7 +312,14 @@ class StageSpec:
             round_every=read_int(obj.get("round_every", 0), "round_every"),
             group=tuple(_member(m, f"group[{i}]") for i, m in enumerate(
                 read_list(obj.get("group") or [], "group", maximum=MAX_PIPELINES))),
-            group_weight=read_number(obj.get("group_weight", 1.0), "group_weight", above=True))
+            group_weight=read_number(obj.get("group_weight", 1.0), "group_weight", above=True),
+            shard=read_optional(obj.get("shard"), _shard),
+            shard_split=read_text(obj.get("shard_split", "iid"), "shard_split"))
+
+
+def _shard(raw: Any) -> tuple[int, int]:
+    index, count = read_list(raw, "shard", minimum=2, maximum=2)
+    return (read_int(index, "shard[0]"), read_int(count, "shard[1]", minimum=1, maximum=2**20))
 
 
 def _member(raw: Any, name: str) -> tuple[str, int, int]:

@@ -1,0 +1,148 @@
+"""Split learning's U-shaped pipeline on real stages, real data and real ZeroMQ: a client holds
+part-1 and part-3 of the model, a helper part-2; the labels never leave the client. And the
+shards a run cuts its training set in, one a client."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+import torch
+
+from agent.data import DataError, load_dataset
+from agent.executor import Clock, Metric, StageExecutor
+from agent.launch import reads_data
+from agent.transport import SendRecord
+from agent.zoo import build_model
+from orchestrator.errors import FormatError
+from orchestrator.formats import Stage, check_stages, u_shaped
+from orchestrator.protocol import ProtocolError, StageSpec
+from tests.agent.stages import connected_planes, run_stages
+
+DIGITS = load_dataset("digits")
+LAYERS = ((0, 0), (1, 2), (3, 3))  # the MLP's four layers: part-1, part-2, part-3
+
+
+@dataclass
+class Trained:
+    weights: dict[int, list[torch.Tensor]] = field(default_factory=dict)  # by stage
+    losses: list[float] = field(default_factory=list)
+    sends: list[SendRecord] = field(default_factory=list)
+
+
+def spec(stage: int, devices: Sequence[str], **extra: object) -> StageSpec:
+    return StageSpec(run=1, device=devices[stage], stage=stage, layers=LAYERS[stage],
+                     model="mlp", dataset="digits", batch_size=16, schedule="gpipe",
+                     stage_devices=tuple((d,) for d in devices),
+                     stage_times_s=((1.0,),) * len(devices), microbatches=16, flush_every=4,
+                     lr=0.05, receive_timeout_s=30, **extra)  # type: ignore[arg-type]
+
+
+def train(devices: Sequence[str], **extra: object) -> Trained:
+    """Train the MLP on the digits over three stages served by ``devices`` (a device may hold
+    two), each stage on its own thread and model copy built from one seed."""
+    torch.set_num_threads(1)
+    planes = connected_planes(sorted(set(devices)))
+    trained = Trained()
+    for plane in planes.values():
+        plane.on_send = trained.sends.append
+    clock = Clock(started_at=time.time())
+    metrics: list[Metric] = []
+    errors: list[BaseException] = []
+    modules = {k: build_model("mlp", input_shape=DIGITS.input_shape, num_classes=10,
+                              seed=0).stage(*LAYERS[k]) for k in range(3)}
+
+    def run(k: int) -> None:
+        stage = spec(k, devices, **extra)
+        data = DIGITS if stage.shard is None else DIGITS.shard(*stage.shard,
+                                                               split=stage.shard_split)
+        try:
+            StageExecutor(stage, module=modules[k], plane=planes[devices[k]], clock=clock,
+                          dataset=data if reads_data(stage) else None,
+                          on_event=lambda e: None, on_metric=metrics.append).run()
+            trained.weights[k] = [p.detach().clone() for p in modules[k].parameters()]
+        except BaseException as exc:  # surfaced by the assertion below
+            errors.append(exc)
+
+    run_stages(run, 3, planes.values())
+    assert not errors, errors
+    trained.losses = [m.value for m in sorted(metrics, key=lambda m: m.microbatch)
+                      if m.name == "loss"]
+    return trained
+
+
+def test_a_client_trains_parts_1_and_3_and_its_labels_never_leave_it() -> None:
+    split = train(["client", "helper", "client"])
+    chain = train(["a", "b", "c"])
+    # the same training, bit for bit, as a chain whose labels ride to its last stage
+    for k in range(3):
+        assert all(torch.equal(x, y) for x, y in zip(split.weights[k], chain.weights[k],
+                                                     strict=True)), k
+    assert split.losses == chain.losses and len(split.losses) == 16
+    # no message carries labels in the split run; the chain's activations did
+    assert {s.peer for s in split.sends} == {"client", "helper"}
+    assert all(s.header.labels is None for s in split.sends)
+    assert any(s.header.labels for s in chain.sends if s.peer == "b")
+
+
+def test_a_client_trains_on_its_shard_only() -> None:
+    whole = train(["client", "helper", "client"])
+    own = train(["client", "helper", "client"], shard=(1, 3), shard_split="label-skew")
+    assert own.losses != whole.losses  # other micro-batches: the shard's own samples
+    assert all(np.isfinite(own.losses))
+
+
+def test_u_shaped_pipelines_and_what_is_refused() -> None:
+    assert u_shaped([("c",), ("h",), ("c",)])
+    assert u_shaped([("c",), ("h1", "h2"), ("x",), ("c",)])
+    assert not u_shaped([("c",), ("c",)])  # two stages: no middle
+    assert not u_shaped([("c", "d"), ("h",), ("c", "d")])  # replicated ends
+    assert not u_shaped([("c",), ("c",), ("c",)])  # the client in the middle too
+    assert not u_shaped([("c",), ("h",), ("h",), ("c",)])  # a middle device twice
+    check_stages([Stage((0, 0), ("c",)), Stage((1, 2), ("h",)), Stage((3, 3), ("c",))],
+                 num_layers=4, device_ids=["c", "h"])
+    with pytest.raises(FormatError, match=r"stages\[2\]\.devices\[0\].*already serves stage 1"):
+        check_stages([Stage((0, 0), ("c",)), Stage((1, 2), ("h",)), Stage((3, 3), ("h",))],
+                     num_layers=4, device_ids=["c", "h"])
+    with pytest.raises(ProtocolError, match="stage_devices"):
+        spec(0, ["c", "h", "h"])
+    with pytest.raises(ProtocolError, match="shard"):
+        spec(0, ["c", "h", "c"], shard=(3, 3))
+    with pytest.raises(ProtocolError, match="shard_split"):
+        spec(0, ["c", "h", "c"], shard=(0, 3), shard_split="by-label")
+    again = StageSpec.from_json(spec(2, ["c", "h", "c"], shard=(0, 3),
+                                     shard_split="label-skew").to_json())
+    assert again.shard == (0, 3) and again.shard_split == "label-skew" and again.u_shaped
+    assert reads_data(again) and not reads_data(spec(1, ["c", "h", "c"]))
+    assert not reads_data(spec(2, ["a", "b", "c"]))  # a chain's labels ride along
+
+
+@pytest.mark.parametrize("split", ["iid", "label-skew"])
+def test_shards_are_disjoint_cover_the_training_set_and_keep_the_held_out_set(split: str
+                                                                              ) -> None:
+    shards = [DIGITS.shard(i, 4, split=split, seed=3) for i in range(4)]
+    rows = np.concatenate([s.x_train.reshape(len(s.x_train), -1) for s in shards])
+    assert len(rows) == len(DIGITS.x_train)
+    assert len(np.unique(rows, axis=0)) == len(np.unique(DIGITS.x_train.reshape(
+        len(DIGITS.x_train), -1), axis=0))
+    assert sorted(np.concatenate([s.y_train for s in shards]).tolist()) == sorted(
+        DIGITS.y_train.tolist())
+    assert all(np.array_equal(s.y_test, DIGITS.y_test) for s in shards)
+    classes = [len(set(s.y_train.tolist())) for s in shards]
+    if split == "iid":
+        assert min(classes) == 10
+    else:  # each holds about a quarter of the classes
+        assert max(classes) <= 4
+    assert DIGITS.shard(2, 4, split=split, seed=3).y_train.tolist() == shards[2].y_train.tolist()
+
+
+def test_a_shard_that_cannot_be_cut_is_refused() -> None:
+    with pytest.raises(DataError, match="shard 4 of 4 does not exist"):
+        DIGITS.shard(4, 4)
+    with pytest.raises(DataError, match="unknown shard split 'by-label'"):
+        DIGITS.shard(0, 4, split="by-label")
+    with pytest.raises(DataError, match="leave some empty"):
+        DIGITS.shard(0, 10**6)
