@@ -14,7 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestrator.errors import PlanningError
-from orchestrator.formats import DeviceSet, Stage, load_devices, load_profile
+from orchestrator.formats import DeviceSet, Stage, check_stages, load_devices, load_profile
+from orchestrator.runplan import parse_run_plan
 from orchestrator.sl.check import check_schedule
 from orchestrator.sl.formats import Instance, Schedule, Segment, parse_instance
 from orchestrator.sl.runtime import (
@@ -196,6 +197,17 @@ def test_the_run_plan_is_one_u_shaped_pipeline_per_client_with_three_fedavg_grou
     assert run.rounds(0) == {0: 2, 1: 2, 2: 2}
     assert run.to_json()["groups"][1] == {"members": [[0, 1], [1, 1], [2, 1]],
                                           "every": [2, 1, 3], "weights": [100.0, 50.0, 150.0]}
+
+
+def test_the_run_plan_is_a_valid_run_plan_document_of_u_shaped_plans() -> None:
+    profile, devices = _shared_testbed()
+    clients = ["m1-laptop", "rpi4", "jetson-cpu"]
+    run = split_run_plan(schedule=_schedule((0, 1, 1)), cuts=SplitCuts(2, 32), clients=clients,
+                         helpers=["edge-vm", "edge-vm-2"], num_layers=profile.num_layers,
+                         microbatches_per_round=[4, 2, 1], rounds=2, samples=[4, 2, 1])
+    for plan in run.pipelines:
+        check_stages(plan.stages, num_layers=profile.num_layers, device_ids=devices.ids)
+    assert parse_run_plan(run.to_json(), profile=profile, devices=devices) == run
 
 
 def test_with_per_client_cuts_only_copies_of_the_same_layers_are_averaged() -> None:
