@@ -59,6 +59,7 @@ from agent.fixedcosts import CostClock, FixedCosts
 from agent.optim import SGD
 from agent.sharing import Sharing
 from agent.transport import DataPlane
+from agent.turns import TurnError, Turnstile
 from agent.versions import Aggregation, VersionError, WeightVersions
 from agent.weights import (
     Entry,
@@ -161,18 +162,23 @@ class StageExecutor(Sharing):
                  on_checkpoint: Checkpoint | None = None,
                  on_suspect: Callable[[int, float], None] | None = None,
                  warm: LayerTimes | None = None,
-                 optimizer_state: Tensors | None = None, threads: int | None = None) -> None:
+                 optimizer_state: Tensors | None = None, threads: int | None = None,
+                 turns: Turnstile | None = None) -> None:
         """``warm``: this machine's warm per-layer times for the model (the profiler's), by
         which an emulated ``slowdown`` paces the stage's passes; without them it multiplies
         what each pass took. ``optimizer_state``: the momentum buffers restored with the
         weights, by parameter name (a resumed stage of a run with momentum needs them).
-        ``threads``: torch's threads for this stage (split between two lanes)."""
+        ``threads``: torch's threads for this stage (split between two lanes). ``turns``:
+        the order this device's stages of the run share (``spec.turns``; agent.turns)."""
         check_spec(spec)
+        if bool(spec.turns) != (turns is not None):
+            raise StageError("a stage with turns takes its device's turnstile, and only it")
         if spec.first and dataset is None:
             raise StageError("the first stage needs the data set")
         if slowdown < 1.0:
             raise StageError(f"slowdown must be at least 1, got {slowdown}")
         self.spec = spec
+        self.turns = turns
         self.module = module.train()
         self.plane = plane
         self.clock = clock
@@ -483,6 +489,22 @@ class StageExecutor(Sharing):
                                     pipeline=self.spec.pipeline))
 
     def _timed(self, kind: str, microbatch: int, version: int, work: Callable[[], Any]) -> Any:
+        if self.turns is not None and kind != "update":
+            try:  # the device's schedule says when (a split-learning helper's)
+                self.turns.wait(self.spec.pipeline, kind, microbatch,
+                                timeout_s=self.spec.receive_timeout_s,
+                                cancelled=self.stop.is_set)
+            except TurnError as exc:
+                if self.stop.is_set():
+                    raise StageStopped(f"stage {self.spec.stage} stopped") from None
+                raise StageError(str(exc)) from None
+            try:
+                return self._pass(kind, microbatch, version, work)
+            finally:
+                self.turns.done(self.spec.pipeline, kind, microbatch)
+        return self._pass(kind, microbatch, version, work)
+
+    def _pass(self, kind: str, microbatch: int, version: int, work: Callable[[], Any]) -> Any:
         start = self.clock.now()
         begun = time.perf_counter()
         out = work()

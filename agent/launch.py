@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import weakref
 from collections.abc import Callable
 
 from agent.connection import Connection
@@ -30,6 +31,7 @@ from agent.deployments import Deployment, Deployments, RegistryError, StageKey
 from agent.executor import Clock, StageError, StageExecutor, StageStopped
 from agent.reporting import Reporter
 from agent.transport import DataPlane
+from agent.turns import Turn, Turnstile
 from agent.warmtimes import WarmTimes
 from agent.weights import momentum_state
 from agent.weightservice import WeightService
@@ -96,6 +98,25 @@ class Launcher:
         self.warm = warm
         self.dataset = dataset
         self.slowdown = slowdown
+        # the turnstile each run's generation shares among its stages here that take turns
+        # (agent.turns), kept while one of them holds it
+        self.turnstiles: weakref.WeakValueDictionary[tuple[int, int], Turnstile] = (
+            weakref.WeakValueDictionary())
+        self._turnstiles_lock = threading.Lock()
+
+    def turnstile(self, spec: StageSpec) -> Turnstile | None:
+        """The turnstile of the spec's run and generation on this device (None: the stage
+        takes no turns), made by the first of its stages deployed here."""
+        if not spec.turns:
+            return None
+        with self._turnstiles_lock:
+            key = (spec.run, spec.generation)
+            found = self.turnstiles.get(key)
+            if found is None:
+                found = self.turnstiles[key] = Turnstile(
+                    [Turn(p, kind, n) for p, kind, n in spec.turns],
+                    first_microbatch=spec.first_microbatch)
+            return found
 
     def deploy(self, command: DeployCommand) -> Ack:
         spec = command.spec
@@ -141,7 +162,7 @@ class Launcher:
             on_metric=lambda m: self.reporter.metric(spec.run, m), slowdown=self.slowdown(),
             warm=self.warm.get(spec.model, spec.dataset, spec.batch_size),
             stop=stop, running=running, store=store, threads=self.threads,
-            optimizer_state=momentum_state(restored),
+            optimizer_state=momentum_state(restored), turns=self.turnstile(spec),
             on_checkpoint=lambda applied, tensors, chain, central: self.weights.replicate(
                 spec, applied, tensors, chain=chain, central=central),
             on_suspect=lambda microbatch, waited: self.connection.post(Suspect(

@@ -47,7 +47,11 @@ class StageSpec:
     (device, pipeline, stage) in ring order, this one among them, and its FedAvg
     ``group_weight``. Data: ``shard`` (index, count), the part of the training set this
     pipeline trains on (a split-learning client's own), cut ``shard_split`` ("iid", or
-    "label-skew": each shard holds few classes); None: all of it.
+    "label-skew": each shard holds few classes); None: all of it. Order: ``turns``, the
+    order in which this device runs its stages' passes of one micro-batch, each (pipeline,
+    "forward" or "backward", that pipeline's micro-batches) (agent.turns: a split-learning
+    helper follows its schedule, under a synchronous schedule of one micro-batch a batch);
+    empty: as their inputs come.
     """
 
     run: int
@@ -85,6 +89,7 @@ class StageSpec:
     group_weight: float = 1.0
     shard: tuple[int, int] | None = None
     shard_split: str = "iid"
+    turns: tuple[tuple[int, str, int], ...] = ()
 
     def __post_init__(self) -> None:
         self.check()
@@ -225,6 +230,19 @@ class StageSpec:
         if self.shard_split not in SHARD_SPLITS:
             raise fail("shard_split", f"must be one of {', '.join(SHARD_SPLITS)}",
                        self.shard_split)
+        if self.turns:
+            tasks = [(p, kind) for p, kind, _ in self.turns]
+            if (len(set(tasks)) != len(tasks) or any(kind not in ("forward", "backward")
+                                                     or n < 1 for _, kind, n in self.turns)
+                    or {(self.pipeline, "forward"), (self.pipeline, "backward")} - set(tasks)
+                    or any(n != self.microbatches for p, _, n in self.turns
+                           if p == self.pipeline)):
+                raise fail("turns", "lists each (pipeline, forward or backward, micro-batches) "
+                           "once, this stage's two passes among them with its micro-batches")
+            if not synchronous(self.schedule) or self.flush_every != 1:
+                raise fail("turns", "go with a synchronous schedule of one micro-batch a batch "
+                           "(flush_every 1): a device takes each pipeline's micro-batches one "
+                           "at a time, forward then backward")
         if not (self.suspect_factor > 0 and self.suspect_min_s > 0
                 and self.receive_timeout_s > 0):
             raise fail("suspect_factor", "suspect_factor, suspect_min_s and "
@@ -236,7 +254,7 @@ class StageSpec:
             value = getattr(self, f.name)
             if f.name in ("layers", "inflight", "lag", "two_lanes", "lane_shares", "shard"):
                 value = None if value is None else list(value)
-            elif f.name == "group":
+            elif f.name in ("group", "turns"):
                 value = [list(member) for member in value]
             elif f.name == "stage_devices" or f.name == "stage_times_s":
                 value = [list(group) for group in value]
@@ -314,7 +332,16 @@ class StageSpec:
                 read_list(obj.get("group") or [], "group", maximum=MAX_PIPELINES))),
             group_weight=read_number(obj.get("group_weight", 1.0), "group_weight", above=True),
             shard=read_optional(obj.get("shard"), _shard),
-            shard_split=read_text(obj.get("shard_split", "iid"), "shard_split"))
+            shard_split=read_text(obj.get("shard_split", "iid"), "shard_split"),
+            turns=tuple(_turn(t, f"turns[{i}]") for i, t in enumerate(
+                read_list(obj.get("turns") or [], "turns", maximum=2 * MAX_PIPELINES))))
+
+
+def _turn(raw: Any, name: str) -> tuple[int, str, int]:
+    pipeline, kind, microbatches = read_list(raw, name, minimum=3, maximum=3)
+    return (read_int(pipeline, f"{name}[0]", maximum=MAX_PIPELINES),
+            read_text(kind, f"{name}[1]"),
+            read_int(microbatches, f"{name}[2]", minimum=1, maximum=MAX_MICROBATCHES))
 
 
 def _shard(raw: Any) -> tuple[int, int]:

@@ -4,6 +4,7 @@ shards a run cuts its training set in, one a client."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -16,8 +17,10 @@ from agent.data import DataError, load_dataset
 from agent.executor import Clock, Metric, StageExecutor
 from agent.launch import reads_data
 from agent.transport import SendRecord
+from agent.turns import Turn, TurnError, Turnstile
 from agent.zoo import build_model
 from orchestrator.errors import FormatError
+from orchestrator.events import TimelineEvent
 from orchestrator.formats import Stage, check_stages, u_shaped
 from orchestrator.protocol import ProtocolError, StageSpec
 from tests.agent.stages import connected_planes, run_stages
@@ -33,11 +36,13 @@ class Trained:
     sends: list[SendRecord] = field(default_factory=list)
 
 
-def spec(stage: int, devices: Sequence[str], **extra: object) -> StageSpec:
+def spec(stage: int, devices: Sequence[str], microbatches: int = 16, flush_every: int = 4,
+         **extra: object) -> StageSpec:
     return StageSpec(run=1, device=devices[stage], stage=stage, layers=LAYERS[stage],
                      model="mlp", dataset="digits", batch_size=16, schedule="gpipe",
                      stage_devices=tuple((d,) for d in devices),
-                     stage_times_s=((1.0,),) * len(devices), microbatches=16, flush_every=4,
+                     stage_times_s=((1.0,),) * len(devices), microbatches=microbatches,
+                     flush_every=flush_every,
                      lr=0.05, receive_timeout_s=30, **extra)  # type: ignore[arg-type]
 
 
@@ -146,3 +151,88 @@ def test_a_shard_that_cannot_be_cut_is_refused() -> None:
         DIGITS.shard(0, 4, split="by-label")
     with pytest.raises(DataError, match="leave some empty"):
         DIGITS.shard(0, 10**6)
+
+
+def train_clients(order: Sequence[tuple[int, str]] | None, *, microbatches: Sequence[int] = (
+        8, 8)) -> list[TimelineEvent]:
+    """Two clients' U-shaped pipelines sharing one helper, which takes its passes in
+    ``order`` (one micro-batch's tasks: (pipeline, kind)); None: as their inputs come.
+    The helper's timeline events."""
+    torch.set_num_threads(1)
+    clients = [f"client-{j}" for j in range(len(microbatches))]
+    planes = connected_planes([*clients, "helper"])
+    clock = Clock(started_at=time.time())
+    events: list[TimelineEvent] = []
+    errors: list[BaseException] = []
+    turns = () if order is None else tuple((p, kind, microbatches[p]) for p, kind in order)
+    turnstile = None if order is None else Turnstile([Turn(*t) for t in turns])
+    stages = [(j, k) for j in range(len(clients)) for k in range(3)]
+
+    def run(i: int) -> None:
+        j, k = stages[i]
+        devices = [clients[j], "helper", clients[j]]
+        try:
+            # one micro-batch of each client at a time, as in the split-learning schedule
+            stage = spec(k, devices, microbatches[j], 1, pipeline=j,
+                         turns=turns if k == 1 else ())
+            module = build_model("mlp", input_shape=DIGITS.input_shape, num_classes=10,
+                                 seed=j).stage(*LAYERS[k])
+            StageExecutor(stage, module=module, plane=planes[devices[k]], clock=clock,
+                          dataset=DIGITS if reads_data(stage) else None,
+                          on_event=events.append, on_metric=lambda m: None,
+                          turns=turnstile if k == 1 else None).run()
+        except BaseException as exc:  # surfaced by the assertion below
+            errors.append(exc)
+
+    run_stages(run, len(stages), planes.values())
+    assert not errors, errors
+    return sorted((e for e in events if e.device == "helper"), key=lambda e: e.start)
+
+
+def passes(events: Sequence[TimelineEvent], microbatch: int) -> list[tuple[int, str]]:
+    return [(e.pipeline, e.kind) for e in events
+            if e.microbatch == microbatch and e.kind in ("forward", "backward")]
+
+
+@pytest.mark.parametrize("order", [
+    [(1, "forward"), (0, "forward"), (1, "backward"), (0, "backward")],
+    [(0, "forward"), (1, "forward"), (0, "backward"), (1, "backward")],
+])
+def test_a_helper_takes_its_clients_passes_in_the_schedules_order(
+        order: list[tuple[int, str]]) -> None:
+    events = train_clients(order)
+    for m in range(8):
+        assert passes(events, m) == order, m
+    # one pass at a time: the helper's passes never overlap
+    timed = [e for e in events if e.kind in ("forward", "backward")]
+    assert all(a.end <= b.start for a, b in itertools.pairwise(timed))
+
+
+def test_a_client_with_fewer_micro_batches_leaves_the_order_when_it_ends() -> None:
+    order = [(0, "forward"), (1, "forward"), (1, "backward"), (0, "backward")]
+    events = train_clients(order, microbatches=(4, 8))
+    assert passes(events, 3) == order
+    assert passes(events, 5) == [(1, "forward"), (1, "backward")]
+
+
+def test_a_turnstile_refuses_what_is_not_in_its_order() -> None:
+    with pytest.raises(TurnError, match="each"):
+        Turnstile([Turn(0, "forward", 4), Turn(0, "forward", 4)])
+    with pytest.raises(TurnError, match="forward or backward"):
+        Turnstile([Turn(0, "update", 4)])
+    gate = Turnstile([Turn(0, "forward", 2), Turn(1, "forward", 2)])
+    with pytest.raises(TurnError, match="not in this device's order"):
+        gate.wait(0, "backward", 0, timeout_s=1)
+    with pytest.raises(TurnError, match=r"waited 0\.3 s for its turn, held by the forward of "
+                                        r"micro-batch 0 of pipeline 0"):
+        gate.wait(1, "forward", 0, timeout_s=0.3)
+    gate.wait(0, "forward", 0, timeout_s=1)
+    gate.done(0, "forward", 0)
+    gate.wait(1, "forward", 0, timeout_s=1)
+    with pytest.raises(ProtocolError, match="turns"):
+        spec(1, ["c", "h", "c"], flush_every=1, turns=((1, "forward", 16), (1, "backward", 16)))
+    with pytest.raises(ProtocolError, match="turns: go with a synchronous schedule"):
+        spec(1, ["c", "h", "c"], turns=((0, "forward", 16), (0, "backward", 16)))
+    again = StageSpec.from_json(spec(1, ["c", "h", "c"], flush_every=1, turns=(
+        (0, "forward", 16), (0, "backward", 16))).to_json())
+    assert again.turns == ((0, "forward", 16), (0, "backward", 16))

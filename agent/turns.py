@@ -1,0 +1,98 @@
+"""The order in which a device runs the passes of several pipelines' stages: a split-learning
+helper serves its clients' forward and backward tasks as the chosen schedule prescribes
+(orchestrator.sl), not as their activations and gradients happen to arrive.
+
+Each of the device's stages runs on an executor of its own; they share one :class:`Turnstile`
+per run and generation. Its order is one micro-batch's tasks, ``(pipeline, kind)`` with kind
+"forward" or "backward", repeated for every micro-batch: task i of micro-batch m is turn
+``m * len(order) + i``. A pass waits for its turn (its input may still be on its way: the
+turn is its, and the others wait, as in the schedule), and its end gives the turn to the
+next task. A pipeline that trains fewer micro-batches than the others has no task past its
+last: its turns are skipped.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+KINDS = ("forward", "backward")
+
+
+class TurnError(RuntimeError):
+    """A pass that is not in the order, or a turn that did not come in time."""
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One task of a micro-batch's order: ``pipeline``'s ``kind`` pass, in a pipeline that
+    trains ``microbatches`` micro-batches."""
+
+    pipeline: int
+    kind: str
+    microbatches: int
+
+
+class Turnstile:
+    def __init__(self, order: Sequence[Turn], *, first_microbatch: int = 0) -> None:
+        tasks = [(t.pipeline, t.kind) for t in order]
+        if not order or len(set(tasks)) != len(tasks):
+            raise TurnError("an order names each (pipeline, kind) once, and at least one")
+        if any(t.kind not in KINDS or t.microbatches < 1 for t in order):
+            raise TurnError("an order's tasks are forward or backward passes of pipelines "
+                            "that train at least one micro-batch")
+        self.order = tuple(order)
+        self._index = {task: i for i, task in enumerate(tasks)}
+        self._last = max(t.microbatches for t in order) * len(order)
+        self._changed = threading.Condition()
+        self._next = first_microbatch * len(order)
+        self._skip()
+
+    def position(self, pipeline: int, kind: str, microbatch: int) -> int:
+        i = self._index.get((pipeline, kind))
+        if i is None:
+            raise TurnError(f"the {kind} of pipeline {pipeline} is not in this device's order")
+        return microbatch * len(self.order) + i
+
+    def wait(self, pipeline: int, kind: str, microbatch: int, *, timeout_s: float,
+             cancelled: Callable[[], bool] = lambda: False) -> None:
+        """Block until it is this pass's turn; TurnError after ``timeout_s`` or once
+        ``cancelled()`` turns true."""
+        mine = self.position(pipeline, kind, microbatch)
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while self._next != mine:
+                if self._next > mine:
+                    raise TurnError(f"the {kind} of micro-batch {microbatch} of pipeline "
+                                    f"{pipeline} came after its turn")
+                left = deadline - time.monotonic()
+                if cancelled() or left <= 0:
+                    raise TurnError(f"the {kind} of micro-batch {microbatch} of pipeline "
+                                    f"{pipeline} waited {timeout_s - max(left, 0):.1f} s for "
+                                    f"its turn, held by {self._describe(self._next)}")
+                self._changed.wait(min(0.2, left))
+
+    def done(self, pipeline: int, kind: str, microbatch: int) -> None:
+        """The pass ended: the next task's turn."""
+        with self._changed:
+            if self._next == self.position(pipeline, kind, microbatch):
+                self._next += 1
+                self._skip()
+                self._changed.notify_all()
+
+    def _skip(self) -> None:
+        """(Under the lock, or alone.) Past the turns of pipelines that have ended."""
+        while self._next < self._last:
+            turn = self.order[self._next % len(self.order)]
+            if self._next // len(self.order) < turn.microbatches:
+                return
+            self._next += 1
+
+    def _describe(self, position: int) -> str:
+        if position >= self._last:
+            return "nobody (every task has run)"
+        turn = self.order[position % len(self.order)]
+        return (f"the {turn.kind} of micro-batch {position // len(self.order)} of pipeline "
+                f"{turn.pipeline}")
