@@ -80,6 +80,7 @@ class _Worker:
 
     pipeline: int
     device: str
+    stage: int
     gates: Mapping[int, ForwardGate]
     lanes: list[_Lane]
     others_started: int = 0
@@ -107,20 +108,25 @@ class _Simulation:
         self.arrived: dict[Any, set[Any]] = {}  # collectives: who has joined
         self.links: dict[frozenset[str], _Channel] = {}
         self.rings: dict[Any, _Channel] = {}
-        self.fwd_s: dict[tuple[int, str], float] = {}
-        self.bwd_s: dict[tuple[int, str], float] = {}
-        self.workers: dict[tuple[int, str], _Worker] = {}
+        # by (pipeline, device, stage): a U-shaped pipeline's device runs two stages' lists
+        self.fwd_s: dict[tuple[int, str, int], float] = {}
+        self.bwd_s: dict[tuple[int, str, int], float] = {}
+        self.workers: dict[tuple[int, str, int], _Worker] = {}
         for p, (plan, schedule) in enumerate(pipes):
-            fwd, bwd = pass_times(cm, plan)
-            for dev, acts in schedule.actions.items():
-                self.fwd_s[(p, dev)], self.bwd_s[(p, dev)] = fwd[dev], bwd[dev]
-                indexed = list(enumerate(acts))
-                lanes = ([_Lane([x for x in indexed if x[1].kind == "F"]),
-                          _Lane([x for x in indexed if x[1].kind != "F"])]
-                         if dev in schedule.two_lanes else [_Lane(indexed)])
-                self.workers[(p, dev)] = _Worker(p, dev, schedule.gates(dev), lanes)
-        # a device serving stages of several pipelines computes one pass at a time
-        hosted = Counter(dev for _, dev in self.workers)
+            for k, stage in enumerate(plan.stages):
+                a, e = stage.layers
+                for dev in stage.devices:
+                    self.fwd_s[(p, dev, k)], self.bwd_s[(p, dev, k)] = split_pass_s(
+                        cm, cm.index(dev), a, e, plan.beta)
+                    indexed = list(enumerate(schedule.actions_of(dev, k)))
+                    lanes = ([_Lane([x for x in indexed if x[1].kind == "F"]),
+                              _Lane([x for x in indexed if x[1].kind != "F"])]
+                             if dev in schedule.two_lanes else [_Lane(indexed)])
+                    self.workers[(p, dev, k)] = _Worker(p, dev, k, schedule.gates(dev, k),
+                                                        lanes)
+        # a device serving several stages (of several pipelines, or both ends of a U-shaped
+        # one) computes one pass at a time
+        hosted = Counter(dev for _, dev, _ in self.workers)
         self.compute_free_at = {dev: 0.0 for dev, n in hosted.items() if n > 1}
 
     # ---- the event loop
@@ -135,7 +141,7 @@ class _Simulation:
             self.now = time
             callback()
             self.advance_all()
-        stuck = {f"{w.device}/p{w.pipeline}": str(lane.actions[lane.next][1])
+        stuck = {f"{w.device}/p{w.pipeline}s{w.stage}": str(lane.actions[lane.next][1])
                  for w in self.workers.values() for lane in w.lanes if not lane.done}
         if stuck:
             raise RuntimeError(f"the schedule deadlocks: waiting actions {stuck}")
@@ -228,7 +234,7 @@ class _Simulation:
                               int(self.cm.output_bytes[plan.stages[k].last]),
                               self.activation_at, (p, k + 1, m), src_stage=k, dst_stage=k + 1)
 
-        self.compute(w, lane, action, "forward", self.fwd_s[(p, w.device)], done)
+        self.compute(w, lane, action, "forward", self.fwd_s[(p, w.device, k)], done)
 
     def start_B(self, w: _Worker, lane: _Lane, position: int, action: Action) -> None:
         p, k, m = w.pipeline, action.stage, action.microbatch
@@ -240,7 +246,7 @@ class _Simulation:
                               int(self.cm.output_bytes[plan.stages[k - 1].last]),
                               self.gradient_at, (p, k - 1, m), src_stage=k, dst_stage=k - 1)
 
-        self.compute(w, lane, action, "backward", self.bwd_s[(p, w.device)], done)
+        self.compute(w, lane, action, "backward", self.bwd_s[(p, w.device, k)], done)
 
     def start_A(self, w: _Worker, lane: _Lane, position: int, action: Action) -> None:
         p, k, m = w.pipeline, action.stage, action.microbatch
@@ -258,7 +264,7 @@ class _Simulation:
             return
         n = len(stage.devices)
         self.collective(w, lane, action, key=("A", p, k, m),
-                        members=[(p, d) for d in stage.devices],
+                        members=[(p, d, k) for d in stage.devices],
                         duration=self.cm.sync_s(a, e, [self.cm.index(d) for d in stage.devices]),
                         size=int(2 * (n - 1) / n * self.cm.params_bytes(a, e)))
 
@@ -271,18 +277,19 @@ class _Simulation:
         devices = sorted({self.plans[q].stages[j].devices[0] for q, j in group.members})
         n = len(devices)
         self.collective(w, lane, action, key=("G", id(group), group.round_of(p, k, m)),
-                        members=[(q, self.plans[q].stages[j].devices[0])
+                        members=[(q, self.plans[q].stages[j].devices[0], j)
                                  for q, j in group.members],
                         duration=self.cm.sync_s(a, e, [self.cm.index(d) for d in devices]),
                         size=int(2 * (n - 1) / n * self.cm.params_bytes(a, e)) if n > 1 else 0)
 
     def collective(self, w: _Worker, lane: _Lane, action: Action, *, key: Any,
-                   members: Sequence[tuple[int, str]], duration: float, size: int) -> None:
+                   members: Sequence[tuple[int, str, int]], duration: float, size: int
+                   ) -> None:
         """GPipe's flush all-reduce, an aggregation group's average: every member waits for
         all of them, then for the exchange (over one channel per collective)."""
         lane.free_at = math.inf
         arrived = self.arrived.setdefault(key, set())
-        arrived.add((w.pipeline, w.device))
+        arrived.add((w.pipeline, w.device, w.stage))
         if arrived != set(members):
             return
         joined = [self.workers[member] for member in members]
@@ -342,7 +349,7 @@ class _Simulation:
     def transfer(self, w: _Worker, dst: str, m: int, size: int, arrivals: dict[Any, float],
                  key: Any, *, src_stage: int, dst_stage: int) -> None:
         src, p = w.device, w.pipeline
-        receiver = self.workers[(p, dst)]
+        receiver = self.workers[(p, dst, dst_stage)]
         if src == dst:  # two pipelines' stages on one device: nothing crosses a link
             arrivals[key] = self.now
             return

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from collections.abc import Sequence
 
 import pytest
 from hypothesis import given
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from orchestrator.cost import build_cost_model
 from orchestrator.errors import FormatError
+from orchestrator.events import TimelineEvent
 from orchestrator.formats import DeviceSet, Plan, Stage
 from orchestrator.runplan import AggregationGroup, RunPlan, parse_run_plan, single
 from orchestrator.schedule import Action
@@ -41,17 +43,24 @@ def pipelearn_like(devices: int = 2, *, every: int = 4, schedule: str = "1f1b"
     return RunPlan(pipelines=pipelines, microbatches=(12,) * devices, groups=groups), cm
 
 
+def assert_every_pass_once(events: Sequence[TimelineEvent], *, pipelines: int, stages: int,
+                           microbatches: int) -> None:
+    """Every stage of every pipeline forwarded and backwarded each micro-batch once."""
+    for p in range(pipelines):
+        for k in range(stages):
+            for kind in ("forward", "backward"):
+                done = Counter(e.microbatch for e in events
+                               if (e.pipeline, e.stage, e.kind) == (p, k, kind))
+                assert sorted(done) == list(range(microbatches)), (p, k, kind)
+                assert set(done.values()) == {1}, (p, k, kind)
+
+
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
 def test_pipelines_sharing_the_server_train_every_micro_batch_and_average_each_round(
         schedule: str) -> None:
     run, cm = pipelearn_like(2, schedule=schedule)
     sim = simulate_run(cm, run)
-    for p in range(2):
-        for k in range(2):
-            for kind in ("forward", "backward"):
-                done = Counter(e.microbatch for e in sim.events
-                               if (e.pipeline, e.stage, e.kind) == (p, k, kind))
-                assert sorted(done) == list(range(12)) and set(done.values()) == {1}
+    assert_every_pass_once(sim.events, pipelines=2, stages=2, microbatches=12)
     # the server computes one pass at a time, whichever pipeline it is for
     passes = sorted((e.start, e.end) for e in sim.events
                     if e.device == "server" and e.kind in ("forward", "backward"))
@@ -122,3 +131,38 @@ def test_any_number_of_pipelines_sharing_a_device_runs_to_the_end(
         done = [e.microbatch for e in sim.events if e.pipeline == p and e.kind == "backward"
                 and e.stage == 0]
         assert sorted(done) == list(range(counts[p]))
+
+
+def split_like(clients: int, *, microbatches: int = 4) -> tuple[RunPlan, object]:
+    """One U-shaped pipeline per client (layer 0 and layer 3 on it, layers 1-2 on a helper 4x
+    faster), one micro-batch a batch."""
+    profile = make_profile([(0.1, 0.2), (0.1, 0.2), (0.2, 0.4), (0.2, 0.4)],
+                           output_bytes=[1000] * 4, param_bytes=[4000] * 4)
+    names = [f"c{j}" for j in range(clients)]
+    cm = build_cost_model(profile, DeviceSet(devices=(
+        *(make_device(n, 1.0, bandwidth_bps=1e6) for n in names),
+        make_device("helper", 4.0, bandwidth_bps=1e6))))
+    pipelines = tuple(Plan(algorithm="manual", schedule="gpipe", microbatches=1,
+                           stages=(Stage((0, 0), (n,)), Stage((1, 2), ("helper",)),
+                                   Stage((3, 3), (n,))))
+                      for n in names)
+    return RunPlan(pipelines=pipelines, microbatches=(microbatches,) * clients), cm
+
+
+def test_a_u_shaped_pipeline_simulates_its_clients_two_stages_one_pass_at_a_time() -> None:
+    # the simulator ran a device's list in order: a client's part-1 backward waited, ahead of
+    # its part-3 forward in the one list, for a gradient that needed that forward (deadlock)
+    run, cm = split_like(1, microbatches=1)
+    sim = simulate_run(cm, run)
+    # part-1, the cut's transfer, part-2 on the helper (4x), back, part-3 and its backward,
+    # back, part-2's backward, back, part-1's backward: 1 ms a transfer
+    expected = 0.1 + 0.001 + 0.075 + 0.001 + 0.2 + 0.4 + 0.001 + 0.15 + 0.001 + 0.2
+    assert sim.makespan_s == pytest.approx(expected)
+    run, cm = split_like(3)
+    sim = simulate_run(cm, run)
+    assert_every_pass_once(sim.events, pipelines=3, stages=3, microbatches=4)
+    for device in ("c0", "helper"):  # a client's two stages, the helper's three
+        passes = sorted((e.start, e.end) for e in sim.events
+                        if e.device == device and e.kind in ("forward", "backward"))
+        assert all(b[0] >= a[1] - 1e-12 for a, b in itertools.pairwise(passes))
+    assert {e.stage for e in sim.events if e.device == "c1"} >= {0, 2}
