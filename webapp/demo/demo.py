@@ -18,6 +18,7 @@ from webapp.demo.scenario import (
     FINAL_STATES,
     DemoAgent,
     LocalTestbed,
+    When,
     chosen_plan,
 )
 from webapp.runs.models import AGGREGATE_EVERY_MAX, LR_MAX, MOMENTUM_MAX
@@ -44,8 +45,10 @@ class DemoOptions:
     chain_every: int | None = None  # batches between chain replicas (None: the run's default)
     global_every: int | None = None  # batches between global replicas (None: the default)
     kill_agent_at: float | None = None  # seconds into the run: SIGKILL agents (a fault)
+    kill_agent_at_batch: int | None = None  # or once the run has trained this many batches
     kill_agents: tuple[str, ...] = ()  # which (default: the device of the plan's middle stage)
     pause_at: float | None = None  # seconds into the run: pause it (through the API)
+    pause_at_batch: int | None = None  # or once the run has trained this many batches
     pause_for: float = 2.0  # seconds it stays paused, then it is resumed
     slow_agent_at: float | None = None  # seconds into the run: slow an agent down (heat)
     slow_agent: str = ""  # which (default: the device of the plan's middle stage)
@@ -61,6 +64,25 @@ class DemoOptions:
         if self.batches is not None:
             return self.batches
         return HEADLESS_BATCHES if self.headless else MAX_MICROBATCHES // self.microbatches
+
+    def kill_when(self) -> When | None:
+        """When the agents are killed. At the batch the run is paused at, once it is paused:
+        the pause takes effect a moment after it is asked for, and the device is to be lost
+        while the run is paused."""
+        if self.kill_agent_at is not None:
+            return When(seconds=self.kill_agent_at)
+        if self.kill_agent_at_batch is not None:
+            return When(batches=self.kill_agent_at_batch,
+                        paused=self.kill_agent_at_batch == self.pause_at_batch)
+        return None
+
+    def pause_when(self) -> When | None:
+        """When the run is paused (for pause_for seconds)."""
+        if self.pause_at is not None:
+            return When(seconds=self.pause_at)
+        if self.pause_at_batch is not None:
+            return When(batches=self.pause_at_batch)
+        return None
 
 
 def stop_run(testbed: LocalTestbed, run_id: int, say: Callable[[str], None]) -> None:
@@ -81,6 +103,21 @@ def _timed(say: Callable[[str], None]) -> Callable[[str], None]:
     return lambda line: say(f"[{time.monotonic() - began:5.1f} s] {line}")
 
 
+def _check_fault_times(o: DemoOptions) -> None:
+    """A fault comes at SECONDS or after N batches, not both, and N is a batch the run trains
+    (so --microbatches and --batches are checked first)."""
+    for option, seconds, batch in (("--kill-agent-at", o.kill_agent_at, o.kill_agent_at_batch),
+                                   ("--pause-at", o.pause_at, o.pause_at_batch)):
+        if seconds is not None and batch is not None:
+            raise DemoError(f"{option} SECONDS and {option}-batch N: give one of them, not both")
+        if batch is not None and not 1 <= batch <= o.batches_to_train():
+            raise DemoError(f"{option}-batch must be from 1 to {o.batches_to_train():,} (the "
+                            f"batches the run trains), got {batch}")
+    if o.kill_agents and o.kill_when() is None:
+        raise DemoError("--kill-agent: say when with --kill-agent-at SECONDS or "
+                        "--kill-agent-at-batch N")
+
+
 def run_demo(options: DemoOptions, *, say: Callable[[str], None] = print
              ) -> dict[str, Any] | None:
     """The demo: the testbed, a model profiled on it, every planner's plan compared, one plan
@@ -90,8 +127,6 @@ def run_demo(options: DemoOptions, *, say: Callable[[str], None] = print
         if name not in {a.name for a in o.agents}:
             raise DemoError(f"--kill-agent: no agent named {name!r}; the agents: "
                             f"{', '.join(a.name for a in o.agents)}")
-    if o.kill_agents and o.kill_agent_at is None:
-        raise DemoError("--kill-agent: say when with --kill-agent-at SECONDS")
     if o.slow_agent and o.slow_agent not in {a.name for a in o.agents}:
         raise DemoError(f"--slow-agent: no agent named {o.slow_agent!r}; the agents: "
                         f"{', '.join(a.name for a in o.agents)}")
@@ -105,6 +140,7 @@ def run_demo(options: DemoOptions, *, say: Callable[[str], None] = print
         raise DemoError(f"--batches: {o.batches_to_train():,} batches of {o.microbatches} "
                         f"micro-batches make {o.batches_to_train() * o.microbatches:,}; a run "
                         f"trains at most {MAX_MICROBATCHES:,}")
+    _check_fault_times(o)
     if not 1 <= o.slow_to <= 1000:
         raise DemoError(f"--slow-to must be from 1 to 1000, got {o.slow_to:g}")
     if o.lr is not None and not 0 < o.lr <= LR_MAX:
@@ -140,15 +176,16 @@ def run_demo(options: DemoOptions, *, say: Callable[[str], None] = print
             f"{row['throughput_sps']:.4g} samples/s)")
         testbed.start(compared["run"], row["plan"])
         say(f"training: open {testbed.url}/runs/{compared['run']}/ to watch it live")
-        if o.kill_agent_at is not None:
+        kill_when, pause_when = o.kill_when(), o.pause_when()
+        if kill_when is not None:
             victims = ([testbed.agent_named(name) for name in o.kill_agents] if o.kill_agents
                        else [testbed.agent_of_stage(compared["run"], row["plan"])])
             say(f"fault injection: {', '.join(v.name for v in victims)} will be killed "
-                f"{o.kill_agent_at:g} s into the run")
-            testbed.kill_agent_at(compared["run"], victims, o.kill_agent_at)
-        if o.pause_at is not None:
-            say(f"the run will be paused {o.pause_at:g} s into it, for {o.pause_for:g} s")
-            testbed.pause_at(compared["run"], o.pause_at, o.pause_for)
+                f"{kill_when.describe()}")
+            testbed.kill_agent_at(compared["run"], victims, kill_when)
+        if pause_when is not None:
+            say(f"the run will be paused {pause_when.describe('it')}, for {o.pause_for:g} s")
+            testbed.pause_at(compared["run"], pause_when, o.pause_for)
         if o.slow_agent_at is not None:
             slowed = (testbed.agent_named(o.slow_agent) if o.slow_agent
                       else testbed.agent_of_stage(compared["run"], row["plan"]))

@@ -30,6 +30,8 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
+from django.db import connections
+from django.db.models import Max
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -37,12 +39,13 @@ from webapp.demo.client import ApiClient, DemoError, wait_for
 from webapp.demo.processes import ProcessGroup
 from webapp.devices import services as device_services
 from webapp.devices import supervision
-from webapp.runs.models import Run
+from webapp.runs.models import Run, TimelineEvent
 from webapp.runs.selectors import run_summary
 
 FINAL_STATES = (Run.State.FINISHED, Run.State.FAILED, Run.State.CANCELLED)
 SERVER_START_S = 90.0  # how long the agents wait for the web server they start beside
 SUPERVISE_EVERY_S = 1.0  # how often the testbed looks after its agents (below SUPERVISOR_SILENT_S)
+BATCH_LOOK_S = 0.1  # how often a batch trigger looks at its run's progress in the database
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,68 @@ class DemoAgent:
         if self.resources:
             parts.append(f"resources {self.resources}")
         return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class When:
+    """When the demo injects a fault into a run: ``seconds`` into it (on the run's clock, which
+    starts at its ``started_at``) or once it has trained ``batches`` batches, one of the two.
+    Seconds depend on how fast this machine trains, batches do not: a fault that must find the
+    model partly trained comes after batches. ``paused`` (batches only): once the run is also
+    paused, for a fault meant to come while it is paused (a pause takes effect a moment after
+    it is asked for, a longer one on a loaded machine)."""
+
+    seconds: float | None = None
+    batches: int | None = None
+    paused: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.seconds is None) == (self.batches is None):
+            raise ValueError("a When is seconds or batches into a run, one of the two")
+        if self.paused and self.batches is None:
+            raise ValueError("only a When in batches waits for the run to be paused")
+
+    def describe(self, run: str = "the run") -> str:
+        """For the demo's lines: "3.5 s into the run", "20 batches into run 7, once it is
+        paused"."""
+        if self.seconds is not None:
+            return f"{self.seconds:g} s into {run}"
+        count = f"{self.batches} batch" + ("" if self.batches == 1 else "es")
+        return f"{count} into {run}" + (", once it is paused" if self.paused else "")
+
+
+def run_progress(run_id: int) -> tuple[str, int]:
+    """The run's state and how many batches it has trained, from the database. Batch b is
+    trained once some stage applied the update of its last micro-batch, (b + 1) x the run's
+    micro-batches - 1: an asynchronous schedule updates every micro-batch, in order, and a
+    synchronous one labels a batch's one update with its last micro-batch."""
+    state, microbatches = Run.objects.values_list("state", "microbatches").get(pk=run_id)
+    newest = TimelineEvent.objects.filter(run_id=run_id, kind="update").aggregate(
+        newest=Max("microbatch"))["newest"]
+    return state, 0 if newest is None else (newest + 1) // microbatches
+
+
+class BatchTrigger(threading.Thread):
+    """Calls ``look`` every ``every_s`` on a daemon thread until it returns True (it acted, or
+    gave up) or :meth:`cancel` is called. ``look`` may read the database: Django gives this
+    thread a connection of its own, which nothing else would close, so the thread closes it
+    as it ends."""
+
+    def __init__(self, look: Callable[[], bool], *, every_s: float = BATCH_LOOK_S) -> None:
+        super().__init__(name="batch-trigger", daemon=True)
+        self.look, self.every_s = look, every_s
+        self.cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        """Stop looking (an action under way goes on to its end)."""
+        self.cancelled.set()
+
+    def run(self) -> None:
+        try:
+            while not self.cancelled.is_set() and not self.look():
+                self.cancelled.wait(self.every_s)
+        finally:
+            connections.close_all()
 
 
 DEFAULT_AGENTS = (DemoAgent("demo-fast"), DemoAgent("demo-slow", slowdown=4.0),
@@ -101,7 +166,8 @@ class LocalTestbed:
         self.username = "admin"
         self.password = ""
         self.devices: list[dict[str, Any]] = []
-        self.timers: list[threading.Timer] = []
+        self.triggers: list[threading.Timer | BatchTrigger] = []  # stopped when it stops
+        self.progress: Callable[[int], tuple[str, int]] = run_progress  # what triggers read
         self.supervisor = f"manage.py demo (pid {os.getpid()}) on {socket.gethostname()}"
         self._supervised_at = -math.inf
         self._stopped: set[str] = set()  # agents whose stop was said
@@ -130,8 +196,8 @@ class LocalTestbed:
 
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
                  traceback: TracebackType | None) -> None:
-        for timer in self.timers:
-            timer.cancel()
+        for trigger in self.triggers:
+            trigger.cancel()
         self.processes.stop_all()
 
     # ---- processes
@@ -364,32 +430,60 @@ class LocalTestbed:
         timer = threading.Timer(max(0.0, at_s - elapsed), action)
         timer.daemon = True
         timer.start()
-        self.timers.append(timer)
+        self.triggers.append(timer)
         return timer
 
-    def kill_agent_at(self, run_id: int, agents: Sequence[DemoAgent], at_s: float
-                      ) -> threading.Timer:
-        """Kill the ``agents``' processes with SIGKILL (devices that lose power) ``at_s``
-        seconds into the run, all at once. Their exit is expected: check_children does not
-        fail the demo for it."""
+    def after_batches(self, run_id: int, when: When, action: Callable[[], None]
+                      ) -> BatchTrigger:
+        """Do ``action`` once the run has trained ``when.batches`` batches (self.progress) and,
+        with ``when.paused``, is paused, on a trigger thread the testbed stops when it stops.
+        A run that ends first makes the trigger give up, and say so."""
+        if when.batches is None:
+            raise ValueError(f"{when} is not in batches")
+        batches = when.batches
+
+        def look() -> bool:
+            state, trained = self.progress(run_id)
+            if state in FINAL_STATES:
+                self.say(f"run {run_id} ended ({state}): nothing comes {when.describe()}")
+                return True
+            if trained < batches or (when.paused and state != Run.State.PAUSED):
+                return False
+            action()
+            return True
+
+        trigger = BatchTrigger(look)
+        self.triggers.append(trigger)
+        trigger.start()
+        return trigger
+
+    def at(self, run_id: int, when: When, action: Callable[[], None]) -> threading.Thread:
+        """Do ``action`` at ``when``: at_run_time or after_batches."""
+        if when.seconds is not None:
+            return self.at_run_time(run_id, when.seconds, action)
+        return self.after_batches(run_id, when, action)
+
+    def kill_agent_at(self, run_id: int, agents: Sequence[DemoAgent], when: When
+                      ) -> threading.Thread:
+        """Kill the ``agents``' processes with SIGKILL (devices that lose power) at ``when``,
+        all at once. Their exit is expected: check_children does not fail the demo for it."""
 
         def kill() -> None:
-            self.say(f"killing {', '.join(a.name for a in agents)} (SIGKILL) {at_s:g} s into "
-                     f"run {run_id}")
+            self.say(f"killing {', '.join(a.name for a in agents)} (SIGKILL) "
+                     f"{when.describe(f'run {run_id}')}")
             for agent in agents:
                 self.processes.kill(self.agent_process(agent))
 
-        return self.at_run_time(run_id, at_s, kill)
+        return self.at(run_id, when, kill)
 
-    def pause_at(self, run_id: int, at_s: float, for_s: float) -> threading.Timer:
-        """Pause the run ``at_s`` seconds into it and resume it ``for_s`` seconds later, as a
-        user does on the run page. A recovery under way at either moment ends first (a
-        recovering run is paused when its recovery ends), so the resume waits for the run to
-        be paused."""
+    def pause_at(self, run_id: int, when: When, for_s: float) -> threading.Thread:
+        """Pause the run at ``when`` and resume it ``for_s`` seconds later, as a user does on
+        the run page. A recovery under way at either moment ends first (a recovering run is
+        paused when its recovery ends), so the resume waits for the run to be paused."""
 
         def pause_then_resume() -> None:
             try:
-                self.say(f"pausing run {run_id} {at_s:g} s into it, for {for_s:g} s")
+                self.say(f"pausing run {run_id} {when.describe('it')}, for {for_s:g} s")
                 self.api.post(f"/api/runs/{run_id}/pause/")
                 time.sleep(for_s)
                 paused = self.wait_state(run_id, (Run.State.PAUSED, *FINAL_STATES), 120)
@@ -399,7 +493,7 @@ class LocalTestbed:
             except DemoError as exc:  # the run ended first, say: the demo goes on
                 self.say(f"could not pause and resume run {run_id}: {exc}")
 
-        return self.at_run_time(run_id, at_s, pause_then_resume)
+        return self.at(run_id, when, pause_then_resume)
 
     def slow_agent_at(self, run_id: int, agent: DemoAgent, at_s: float, slowdown: float
                       ) -> threading.Timer:

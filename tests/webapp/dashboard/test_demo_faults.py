@@ -1,13 +1,17 @@
-"""The demo's fault injection (``manage.py demo --kill-agent-at``): the agent it kills by
-default, the kill on the run's clock, a killed child the testbed expects, and the flags'
-refusals. Without starting a testbed (the end-to-end kill runs with the integration tests)."""
+"""The demo's fault injection (``manage.py demo --kill-agent-at``, ``--kill-agent-at-batch``):
+the agent it kills by default, the kill on the run's clock or after batches, a killed child the
+testbed expects, and the flags' refusals. Without starting a testbed (the end-to-end kill runs
+with the integration tests)."""
 
 from __future__ import annotations
 
 import re
 import signal
+import subprocess
 import sys
+import threading
 import time
+from dataclasses import replace
 from datetime import timedelta
 from io import StringIO
 from pathlib import Path
@@ -18,11 +22,13 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from orchestrator.schedule import MAX_MICROBATCHES
+from tests.webapp.factories import RunFactory
 from webapp.demo.client import DemoError
 from webapp.demo.demo import DemoOptions, run_demo, stop_run
 from webapp.demo.management.commands.demo import Command
 from webapp.demo.processes import ProcessGroup
-from webapp.demo.scenario import DEFAULT_AGENTS, LocalTestbed
+from webapp.demo.scenario import DEFAULT_AGENTS, DemoAgent, LocalTestbed, When, run_progress
+from webapp.runs.models import TimelineEvent
 
 # the testbed marks the devices it supervises in the database (webapp.devices.supervision)
 pytestmark = pytest.mark.django_db
@@ -93,7 +99,7 @@ def test_the_kill_comes_at_its_time_on_the_runs_clock_and_is_expected(group: Pro
     slow = group.start("agent-demo-slow", SLEEP)
     slowlink = group.start("agent-demo-slowlink", SLEEP)
     fast = group.start("agent-demo-fast", SLEEP)
-    timer = bed.kill_agent_at(7, DEFAULT_AGENTS[1:], 10.3)  # both, 0.3 s from now
+    timer = bed.kill_agent_at(7, DEFAULT_AGENTS[1:], When(seconds=10.3))  # 0.3 s from now
     assert slow.process is not None and slow.process.poll() is None
     timer.join(timeout=10)
     assert slow.process.wait(timeout=10) == -9
@@ -113,8 +119,26 @@ def test_the_kill_comes_at_its_time_on_the_runs_clock_and_is_expected(group: Pro
      "--kill-agent: no agent named 'nobody'; the agents: demo-fast, demo-slow, demo-slowlink"),
     (["--kill-agent-at", "5", "--kill-agent", "demo-slow,nobody"],
      "--kill-agent: no agent named 'nobody'"),
-    (["--kill-agent", "demo-fast"], "--kill-agent: say when with --kill-agent-at SECONDS"),
+    (["--kill-agent", "demo-fast"],
+     "--kill-agent: say when with --kill-agent-at SECONDS or --kill-agent-at-batch N"),
+    (["--kill-agent-at-batch", "soon"],
+     "--kill-agent-at-batch: must be a whole number of batches, got 'soon'"),
+    (["--kill-agent-at-batch", "2.5"],
+     "--kill-agent-at-batch: must be a whole number of batches, got '2.5'"),
+    (["--kill-agent-at-batch", "0"],
+     "--kill-agent-at-batch must be from 1 to 6,250 (the batches the run trains), got 0"),
+    (["--headless", "--kill-agent-at-batch", "101"],
+     "--kill-agent-at-batch must be from 1 to 100 (the batches the run trains), got 101"),
+    (["--batches", "30", "--kill-agent-at-batch", "31", "--kill-agent", "demo-fast"],
+     "--kill-agent-at-batch must be from 1 to 30 (the batches the run trains), got 31"),
+    (["--kill-agent-at", "5", "--kill-agent-at-batch", "3"],
+     "--kill-agent-at SECONDS and --kill-agent-at-batch N: give one of them, not both"),
     (["--pause-at", "-1"], "--pause-at: must be more than 0 seconds, got -1"),
+    (["--pause-at-batch", "x"], "--pause-at-batch: must be a whole number of batches, got 'x'"),
+    (["--pause-at-batch", "-1"],
+     "--pause-at-batch must be from 1 to 6,250 (the batches the run trains), got -1"),
+    (["--pause-at", "2", "--pause-at-batch", "3"],
+     "--pause-at SECONDS and --pause-at-batch N: give one of them, not both"),
     (["--pause-at", "3", "--pause-for", "later"],
      "--pause-for: must be a number of seconds, got 'later'"),
 ])
@@ -131,6 +155,8 @@ def test_the_kill_flags_help_says_which_agent_by_default():
     text = " ".join(Command().create_parser("manage.py", "demo").format_help().split())
     assert "--kill-agent-at SECONDS fault injection: SECONDS after the run starts" in text
     assert "(default: the device of the middle stage of the chosen plan)" in text
+    assert ("batch the kill waits until the run is paused, so that the device is lost while it "
+            "is paused") in text
 
 
 @pytest.mark.parametrize(("changes", "message"), [
@@ -146,6 +172,10 @@ def test_the_kill_flags_help_says_which_agent_by_default():
     ({"lr": 0.0}, "--lr must be above 0 and at most 100, got 0"),
     ({"lr": 101.0}, "--lr must be above 0 and at most 100, got 101"),
     ({"kill_agents": ("demo-fast",)}, "--kill-agent: say when with --kill-agent-at SECONDS"),
+    ({"kill_agent_at_batch": 0}, "--kill-agent-at-batch must be from 1 to 6,250"),
+    ({"pause_at_batch": 11, "batches": 10}, "--pause-at-batch must be from 1 to 10"),
+    ({"kill_agent_at": 1.0, "kill_agent_at_batch": 1},
+     "--kill-agent-at SECONDS and --kill-agent-at-batch N: give one of them, not both"),
     ({"microbatches": 0}, "--microbatches must be from 1 to 1024, got 0"),
     ({"batches": 0}, "--batches must be at least 1, got 0"),
     ({"batches": 10_000}, "--batches: 10,000 batches of 8 micro-batches make 80,000; a run "
@@ -214,40 +244,214 @@ def test_the_testbed_creates_its_run_with_the_settings_it_is_given(group, settin
             if k in created} == sent
 
 
-def test_the_demo_creates_its_run_with_the_options_settings(monkeypatch):
-    """run_demo hands the run's settings to the testbed's plan (stopped there)."""
-    asked: dict[str, Any] = {}
+class DemoBed:
+    """A testbed that run_demo drives through a headless run: it plans run 7 with one plan,
+    3, whose middle stage is demo-slow's, and keeps what it was asked for."""
 
-    class Planned(Exception):
+    def __init__(self) -> None:
+        self.devices: list[dict[str, Any]] = []
+        self.url = self.username = self.password = ""
+        self.planned: dict[str, Any] = {}
+        self.faults: list[tuple[Any, ...]] = []
+
+    def __enter__(self) -> DemoBed:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
         pass
 
-    class Bed:
-        def __init__(self, **kwargs: Any) -> None:
-            self.devices: list[dict[str, Any]] = []
-            self.url = self.username = self.password = ""
+    def measure_links(self) -> list[Any]:
+        return []
 
-        def __enter__(self) -> Bed:
-            return self
+    def model_spec(self, **kwargs: Any) -> int:
+        return 1
 
-        def __exit__(self, *exc: object) -> None:
-            pass
+    def plan(self, spec: int, **kwargs: Any) -> dict[str, Any]:
+        self.planned.update(kwargs)
+        return {"run": 7, "reason": "", "best": 3, "rows": [{
+            "plan": 3, "algorithm": "ftpipehd", "stages": 3, "throughput_sps": 100.0,
+            "memory_ok": True, "status": "done", "error": ""}]}
 
-        def measure_links(self) -> list[Any]:
-            return []
+    def start(self, run_id: int, plan_id: int) -> None:
+        pass
 
-        def model_spec(self, **kwargs: Any) -> int:
-            return 1
+    def agent_of_stage(self, run_id: int, plan_id: int) -> DemoAgent:
+        return DEFAULT_AGENTS[1]
 
-        def plan(self, spec: int, **kwargs: Any) -> dict[str, Any]:
-            asked.update(kwargs)
-            raise Planned
+    def agent_named(self, name: str) -> DemoAgent:
+        return next(a for a in DEFAULT_AGENTS if a.name == name)
 
-    monkeypatch.setattr("webapp.demo.demo.LocalTestbed", Bed)
-    with pytest.raises(Planned):
-        run_demo(DemoOptions(vertical_sync=False, aggregate_every=6, momentum=0.5, lr=0.3),
-                 say=lambda line: None)
+    def kill_agent_at(self, run_id: int, agents: list[DemoAgent], when: When) -> None:
+        self.faults.append(("kill", [a.name for a in agents], when))
+
+    def pause_at(self, run_id: int, when: When, for_s: float) -> None:
+        self.faults.append(("pause", when, for_s))
+
+    def finish(self, run_id: int, *, timeout_s: float) -> dict[str, Any]:
+        return {"run": run_id, "state": "finished"}
+
+
+def run_on(monkeypatch: pytest.MonkeyPatch, bed: DemoBed, options: DemoOptions) -> list[str]:
+    """run_demo on ``bed``, headless; the lines it said, without their times."""
+    monkeypatch.setattr("webapp.demo.demo.LocalTestbed", lambda **kwargs: bed)
+    said: list[str] = []
+    assert run_demo(replace(options, headless=True), say=said.append) == {
+        "run": 7, "state": "finished"}
+    return [re.sub(r"^\[ *[0-9.]+ s\] ", "", line) for line in said]
+
+
+def test_the_demo_creates_its_run_with_the_options_settings(monkeypatch):
+    """run_demo hands the run's settings to the testbed's plan."""
+    bed = DemoBed()
+    run_on(monkeypatch, bed, DemoOptions(vertical_sync=False, aggregate_every=6, momentum=0.5,
+                                         lr=0.3))
+    asked = bed.planned
     assert ((asked["vertical_sync"], asked["aggregate_every"], asked["momentum"], asked["lr"])
             == (False, 6, 0.5, 0.3))
+
+
+@pytest.mark.parametrize(("options", "faults", "lines"), [
+    (DemoOptions(kill_agent_at=3.5, pause_at=2.0, pause_for=3.0),
+     [("kill", ["demo-slow"], When(seconds=3.5)), ("pause", When(seconds=2.0), 3.0)],
+     ["fault injection: demo-slow will be killed 3.5 s into the run",
+      "the run will be paused 2 s into it, for 3 s"]),
+    # at the pause's batch, the kill waits for the pause: the device is lost while paused
+    (DemoOptions(kill_agent_at_batch=20, pause_at_batch=20, pause_for=3.0),
+     [("kill", ["demo-slow"], When(batches=20, paused=True)), ("pause", When(batches=20), 3.0)],
+     ["fault injection: demo-slow will be killed 20 batches into the run, once it is paused",
+      "the run will be paused 20 batches into it, for 3 s"]),
+    (DemoOptions(kill_agent_at_batch=1, pause_at_batch=2, kill_agents=("demo-fast", "demo-slow")),
+     [("kill", ["demo-fast", "demo-slow"], When(batches=1)), ("pause", When(batches=2), 2.0)],
+     ["fault injection: demo-fast, demo-slow will be killed 1 batch into the run",
+      "the run will be paused 2 batches into it, for 2 s"]),
+    (DemoOptions(kill_agent_at_batch=5, pause_at=5.0),
+     [("kill", ["demo-slow"], When(batches=5))], []),
+])
+def test_the_demo_injects_its_faults_when_it_is_told(monkeypatch, options, faults, lines):
+    bed = DemoBed()
+    said = run_on(monkeypatch, bed, options)
+    assert bed.faults[:len(faults)] == faults
+    assert [line for line in lines if line not in said] == []
+
+
+def test_a_when_is_seconds_or_batches_into_a_run():
+    assert When(seconds=0.25).describe() == "0.25 s into the run"
+    assert When(batches=1).describe("run 7") == "1 batch into run 7"
+    assert When(batches=30, paused=True).describe("it") == "30 batches into it, once it is paused"
+    wrongs: list[dict[str, Any]] = [{}, {"seconds": 1.0, "batches": 2},
+                                    {"seconds": 1.0, "paused": True}]
+    for wrong in wrongs:
+        with pytest.raises(ValueError):
+            When(**wrong)
+
+
+def update(run: Any, microbatch: int, *, kind: str = "update") -> None:
+    TimelineEvent.objects.create(run=run, device="uid-a", stage=0, kind=kind,
+                                 microbatch=microbatch, version=microbatch, start=0.0, end=0.1)
+
+
+def test_a_batch_is_trained_once_some_stage_applied_its_last_microbatchs_update():
+    run = RunFactory(microbatches=4, state="running")
+    assert run_progress(run.pk) == ("running", 0)
+    for m in range(7):
+        update(run, m)
+    update(run, 11, kind="forward")  # forwarded, not yet applied
+    update(RunFactory(microbatches=4), 11)  # another run's
+    assert run_progress(run.pk) == ("running", 1)
+    update(run, 7)
+    assert run_progress(run.pk) == ("running", 2)
+
+
+class Progress:
+    """What the testbed's batch triggers read of run 7: its state and the batches it trained.
+    A test changes them, and waits for the triggers to look again."""
+
+    def __init__(self, state: str = "running", batches: int = 0) -> None:
+        self.state, self.batches, self.looks = state, batches, 0
+        self.looked = threading.Condition()
+
+    def __call__(self, run_id: int) -> tuple[str, int]:
+        assert run_id == 7
+        with self.looked:
+            self.looks += 1
+            self.looked.notify_all()
+            return self.state, self.batches
+
+    def set(self, state: str, batches: int) -> None:
+        with self.looked:
+            self.state, self.batches = state, batches
+
+    def wait_looks(self, more: int) -> None:
+        with self.looked:
+            target = self.looks + more
+            assert self.looked.wait_for(lambda: self.looks >= target, timeout=10)
+
+
+def batch_testbed(group: ProcessGroup, progress: Progress, said: list[str] | None = None
+                  ) -> tuple[LocalTestbed, subprocess.Popen[bytes]]:
+    """A testbed reading ``progress``, and demo-slow's agent (a process to kill)."""
+    bed = fake_testbed(group, FakeApi(started_s_ago=0, stages=[["uid-demo-slow"]]))
+    bed.progress = progress
+    if said is not None:
+        bed.say = said.append
+    slow = group.start("agent-demo-slow", SLEEP).process
+    assert slow is not None
+    return bed, slow
+
+
+def test_a_kill_after_batches_comes_once_the_run_has_trained_them(group: ProcessGroup):
+    progress = Progress(batches=2)
+    bed, slow = batch_testbed(group, progress)
+    trigger = bed.kill_agent_at(7, [DEFAULT_AGENTS[1]], When(batches=3))
+    progress.wait_looks(3)
+    assert slow.poll() is None and trigger.is_alive()
+    progress.set("running", 3)
+    trigger.join(timeout=10)
+    assert slow.wait(timeout=10) == -9 and not trigger.is_alive()
+
+
+def test_a_kill_at_the_pauses_batch_waits_for_the_run_to_be_paused(group: ProcessGroup):
+    # a pause takes effect a moment after it is asked for: killed at once, the device was
+    # lost before the run was paused
+    assert (DemoOptions(kill_agent_at_batch=4, pause_at_batch=4).kill_when()
+            == When(batches=4, paused=True))
+    progress = Progress(batches=4)
+    bed, slow = batch_testbed(group, progress)
+    trigger = bed.kill_agent_at(7, [DEFAULT_AGENTS[1]], When(batches=4, paused=True))
+    progress.wait_looks(3)
+    progress.set("recovering", 5)
+    progress.wait_looks(3)
+    assert slow.poll() is None
+    progress.set("paused", 5)
+    trigger.join(timeout=10)
+    assert slow.wait(timeout=10) == -9
+
+
+def test_a_batch_trigger_gives_up_when_the_run_ends_first(group: ProcessGroup):
+    said: list[str] = []
+    progress = Progress(batches=1)
+    bed, slow = batch_testbed(group, progress, said)
+    trigger = bed.kill_agent_at(7, [DEFAULT_AGENTS[1]], When(batches=2, paused=True))
+    progress.wait_looks(1)
+    progress.set("failed", 1)
+    trigger.join(timeout=10)
+    assert not trigger.is_alive() and slow.poll() is None
+    assert said == ["run 7 ended (failed): nothing comes 2 batches into the run, once it is "
+                    "paused"]
+
+
+def test_the_testbed_stops_its_batch_triggers_when_it_stops(group: ProcessGroup):
+    progress = Progress(batches=0)
+    bed, _ = batch_testbed(group, progress)
+    trigger = bed.pause_at(7, When(batches=1), 1.0)  # FakeApi cannot pause: it must not
+    progress.wait_looks(1)
+    bed.__exit__(None, None, None)
+    trigger.join(timeout=10)
+    assert not trigger.is_alive()
+    looks = progress.looks
+    progress.set("running", 1)
+    time.sleep(0.3)
+    assert progress.looks == looks
 
 
 @pytest.mark.parametrize(("options", "batches"), [

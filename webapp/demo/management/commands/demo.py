@@ -54,18 +54,27 @@ class Command(BaseCommand):
                             metavar="SECONDS",
                             help="fault injection: SECONDS after the run starts, kill an "
                                  "agent's process with SIGKILL (the run recovers without it)")
+        parser.add_argument("--kill-agent-at-batch", type=_batches, default=None, metavar="N",
+                            help="fault injection as --kill-agent-at, once the run has trained "
+                                 "N batches instead (the same point of training on a fast "
+                                 "machine or a loaded one); at the --pause-at-batch batch the "
+                                 "kill waits until the run is paused, so that the device is "
+                                 "lost while it is paused")
         parser.add_argument("--kill-agent", default="", metavar="NAME[,NAME...]",
-                            help="the agent --kill-agent-at kills, or several (comma-separated, "
-                                 "killed at once) (default: the device of the middle stage of "
-                                 "the chosen plan)")
+                            help="the agent --kill-agent-at or --kill-agent-at-batch kills, or "
+                                 "several (comma-separated, killed at once) (default: the "
+                                 "device of the middle stage of the chosen plan)")
 
         parser.add_argument("--pause-at", type=_positive_seconds, default=None,
                             metavar="SECONDS",
                             help="SECONDS after the run starts, pause it through the API, and "
                                  "resume it --pause-for seconds later (a device killed while it "
                                  "is paused: the run recovers, stays paused, then resumes)")
+        parser.add_argument("--pause-at-batch", type=_batches, default=None, metavar="N",
+                            help="as --pause-at, once the run has trained N batches instead")
         parser.add_argument("--pause-for", type=_positive_seconds, default=2.0,
-                            metavar="SECONDS", help="how long --pause-at pauses (default 2)")
+                            metavar="SECONDS",
+                            help="how long --pause-at or --pause-at-batch pauses (default 2)")
         parser.add_argument("--slow-agent-at", type=_positive_seconds, default=None,
                             metavar="SECONDS",
                             help="SECONDS after the run starts, slow an agent's device down "
@@ -109,7 +118,9 @@ class Command(BaseCommand):
             slow_to=options["slow_to"], lr=options["lr"], momentum=options["momentum"],
             vertical_sync=options["vertical_sync"], aggregate_every=options["aggregate_every"],
             kill_agent_at=options["kill_agent_at"],
-            pause_at=options["pause_at"], pause_for=options["pause_for"],
+            kill_agent_at_batch=options["kill_agent_at_batch"],
+            pause_at=options["pause_at"], pause_at_batch=options["pause_at_batch"],
+            pause_for=options["pause_for"],
             kill_agents=tuple(a.strip() for a in options["kill_agent"].split(",") if a.strip()))
         try:
             summary = run_demo(demo_options, say=lambda line: self.stdout.write(line))
@@ -130,6 +141,15 @@ def _positive_seconds(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
     return value
+
+
+def _batches(text: str) -> int:
+    """A whole number of batches (run_demo says which a run may take)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number of batches, got {text!r}"
+                                         ) from None
 
 
 def _interrupt(signum: int, frame: Any) -> None:
