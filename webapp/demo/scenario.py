@@ -31,7 +31,6 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db import connections
-from django.db.models import Max
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -95,15 +94,20 @@ class When:
         return f"{count} into {run}" + (", once it is paused" if self.paused else "")
 
 
+RECENT_UPDATES = 64  # the newest updates run_progress reads: every stage's last few
+
+
 def run_progress(run_id: int) -> tuple[str, int]:
     """The run's state and how many batches it has trained, from the database. Batch b is
     trained once some stage applied the update of its last micro-batch, (b + 1) x the run's
     micro-batches - 1: an asynchronous schedule updates every micro-batch, in order, and a
-    synchronous one labels a batch's one update with its last micro-batch."""
+    synchronous one labels a batch's one update with its last micro-batch. The newest updates
+    are read by their start (the run's events are indexed by it): the highest micro-batch of
+    all of them scanned every event of the run, on every look of a trigger."""
     state, microbatches = Run.objects.values_list("state", "microbatches").get(pk=run_id)
-    newest = TimelineEvent.objects.filter(run_id=run_id, kind="update").aggregate(
-        newest=Max("microbatch"))["newest"]
-    return state, 0 if newest is None else (newest + 1) // microbatches
+    recent = list(TimelineEvent.objects.filter(run_id=run_id, kind="update")
+                  .order_by("-start").values_list("microbatch", flat=True)[:RECENT_UPDATES])
+    return state, 0 if not recent else (max(recent) + 1) // microbatches
 
 
 class BatchTrigger(threading.Thread):
