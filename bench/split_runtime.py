@@ -19,9 +19,9 @@ order through its Turnstile (helper_task_order; GPipe, one micro-batch a batch).
 The testbed (``--quick``: the first four clients): clients 12x to 28x slower than this
 machine, helpers 6x and 8x, each pass paced to that many times this machine's warm time for
 it (agent/emulation.py), so that every thread sleeps most of its pass and two cores carry
-eighteen stages (with batches of 16 and half these slowdowns, the same emulated times with
-twice the real compute, the runs measured 1.03-1.12 of the replay below, with batches of 8
-1.00-1.03); each client's link shaped (agent/transport.py: bytes / bandwidth + latency a
+eighteen stages (batches of 16 with half these slowdowns, the same emulated times with twice
+the real compute, measured further from the plan: docs/benchmarks.md); each client's link
+shaped (agent/transport.py: bytes / bandwidth + latency a
 message). The study's instance is built from what the executors emulate, no second model:
 this machine's profile (agent/profiler.py, one torch thread, as each stage runs) scaled by
 each device's slowdown as its layer times, the executor's fixed cost a micro-batch and a
