@@ -44,6 +44,7 @@ reports loss and accuracy per micro-batch.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -56,6 +57,7 @@ from torch import nn
 from agent.data import Dataset
 from agent.emulation import Slowdown
 from agent.fixedcosts import CostClock, FixedCosts
+from agent.layered import backward_layers, forward_layers, layers_of_parameters
 from agent.optim import SGD
 from agent.sharing import Sharing
 from agent.transport import DataPlane
@@ -127,6 +129,7 @@ class _InFlight:
     inputs: torch.Tensor
     output: torch.Tensor  # the loss on the last stage
     params: list[torch.Tensor]
+    layer_outputs: list[torch.Tensor] | None = None  # each layer's, for a backward in parts
 
 
 @dataclass
@@ -216,6 +219,15 @@ class StageExecutor(Sharing):
         self.slots = [(owner, name) for _, owner, name in slots]
         self.param_names = [name for name, _, _ in slots]
         self.params = [getattr(owner, name) for owner, name in self.slots]
+        # a preempted helper's passes in parts, each over some of its layers (agent.layered):
+        # (first, last) within the stage, in the order the pass runs them
+        self.parts = {kind: [(a - spec.layers[0], e - spec.layers[0])
+                             for p, k, _, a, e in spec.turns if (p, k) == (spec.pipeline, kind)]
+                      for kind in ("forward", "backward")}
+        self.layered = any(len(parts) > 1 for parts in self.parts.values())
+        self.param_layers = (layers_of_parameters(module, [owner for owner, _ in self.slots])
+                             if self.layered else [])
+        self.warm = warm
         self.optimizer = SGD(self.params, lr=spec.lr, momentum=spec.momentum)
         # the stage's parameters and buffers under their model-wide names, for checkpoints;
         # the optimizer's momentum buffers join them once they exist
@@ -488,10 +500,13 @@ class StageExecutor(Sharing):
                                     min(sent, arrived), arrived, message.nbytes,
                                     pipeline=self.spec.pipeline))
 
-    def _timed(self, kind: str, microbatch: int, version: int, work: Callable[[], Any]) -> Any:
+    def _timed(self, kind: str, microbatch: int, version: int, work: Callable[[], Any], *,
+               part: int = 0, layers: tuple[int, int] | None = None) -> Any:
+        """Run ``work``, a pass (or the ``part`` of one over the stage's ``layers``), in its
+        turn when the device takes turns; its timeline event; paced when emulated."""
         if self.turns is not None and kind != "update":
             try:  # the device's schedule says when (a split-learning helper's)
-                self.turns.wait(self.spec.pipeline, kind, microbatch,
+                self.turns.wait(self.spec.pipeline, kind, microbatch, part,
                                 timeout_s=self.spec.receive_timeout_s,
                                 cancelled=self.stop.is_set)
             except TurnError as exc:
@@ -499,16 +514,21 @@ class StageExecutor(Sharing):
                     raise StageStopped(f"stage {self.spec.stage} stopped") from None
                 raise StageError(str(exc)) from None
             try:
-                return self._pass(kind, microbatch, version, work)
+                return self._pass(kind, microbatch, version, work, layers)
             finally:
-                self.turns.done(self.spec.pipeline, kind, microbatch)
-        return self._pass(kind, microbatch, version, work)
+                self.turns.done(self.spec.pipeline, kind, microbatch, part)
+        return self._pass(kind, microbatch, version, work, layers)
 
-    def _pass(self, kind: str, microbatch: int, version: int, work: Callable[[], Any]) -> Any:
+    def _pass(self, kind: str, microbatch: int, version: int, work: Callable[[], Any],
+              layers: tuple[int, int] | None = None) -> Any:
         start = self.clock.now()
         begun = time.perf_counter()
         out = work()
         warm_s = None if self.warm_s is None else self.warm_s[kind]
+        if layers is not None and self.warm is not None:  # a part of the pass: its layers'
+            a = self.spec.layers[0]
+            times = self.warm.forward_s if kind == "forward" else self.warm.backward_s
+            warm_s = sum(times[a + layers[0]:a + layers[1] + 1])
         emulation = self.emulation if self.lane_emulation is None else self.lane_emulation[
             "forward" if kind == "forward" else "other"]
         emulation.after(time.perf_counter() - begun, warm_s=warm_s)
@@ -547,19 +567,25 @@ class StageExecutor(Sharing):
                     needed[m] = True
         return needed
 
-    def _call(self, params: list[torch.Tensor], inputs: torch.Tensor) -> torch.Tensor:
-        """The stage's forward with ``params`` in its parameters' places."""
+    def _call(self, params: list[torch.Tensor], inputs: torch.Tensor,
+              layers: tuple[int, int] | None = None) -> Any:
+        """The stage's forward with ``params`` in its parameters' places; with ``layers``
+        (first, last within the stage), those layers' outputs (agent.layered)."""
+
+        def run() -> Any:
+            if layers is None:
+                return self.module(inputs)
+            return forward_layers(self.module, inputs, *layers)
+
         if params is self.params:
-            out: torch.Tensor = self.module(inputs)
-            return out
+            return run()
         for (owner, name), tensor in zip(self.slots, params, strict=True):
             owner._parameters[name] = tensor  # type: ignore[assignment]
         try:
-            out = self.module(inputs)
+            return run()
         finally:
             for (owner, name), original in zip(self.slots, self.params, strict=True):
                 owner._parameters[name] = original
-        return out
 
     def _gated(self, m: int) -> int:
         """The version the forward of m runs on by its gate."""
@@ -618,7 +644,18 @@ class StageExecutor(Sharing):
                 return nn.functional.cross_entropy(out, labels), out
             return out, out
 
-        output, logits = self._timed("forward", m, header_version, work)
+        layer_outputs: list[torch.Tensor] | None = None
+        if self.layered:  # in parts, each in its turn (a preempted helper's)
+            layer_outputs, x = [], inputs
+            for part, layers in enumerate(self.parts["forward"]):
+                outs = self._timed("forward", m, header_version,
+                                   functools.partial(self._call, params, x, layers),
+                                   part=part, layers=layers)
+                layer_outputs.extend(outs)
+                x = outs[-1]
+            output = logits = x
+        else:
+            output, logits = self._timed("forward", m, header_version, work)
         if self.spec.last:
             # measured outside the timed pass, whose event is the layers' work and the loss
             # (capacity estimation compares it with the profile): this is overhead
@@ -629,7 +666,8 @@ class StageExecutor(Sharing):
             self.on_metric(Metric("accuracy", accuracy, m, now))
         with self.lane_state:
             self.in_flight[m] = _InFlight(version=version, header_version=header_version,
-                                          inputs=inputs, output=output, params=params)
+                                          inputs=inputs, output=output, params=params,
+                                          layer_outputs=layer_outputs)
             self.lane_state.notify_all()
         self.result.forwards.append(m)
         self.result.versions[m] = version
@@ -666,7 +704,11 @@ class StageExecutor(Sharing):
             return torch.autograd.grad(flight.output, inputs, grad_outputs=upstream,
                                        allow_unused=True)
 
-        grads = self._timed("backward", m, flight.header_version, work)
+        if self.layered:
+            assert upstream is not None and flight.layer_outputs is not None
+            grads = self._backward_in_parts(flight, upstream, m, needs_input_grad)
+        else:
+            grads = self._timed("backward", m, flight.header_version, work)
         param_grads = [torch.zeros_like(p) if g is None else g
                        for g, p in zip(grads[int(needs_input_grad):], wrt, strict=True)]
         if needs_input_grad:
@@ -684,6 +726,25 @@ class StageExecutor(Sharing):
         self.result.backwards.append(m)
         if self.tick == "B":
             self.costs.mark(len(self.result.backwards))
+
+    def _backward_in_parts(self, flight: _InFlight, upstream: torch.Tensor, m: int,
+                           needs_input_grad: bool) -> tuple[torch.Tensor | None, ...]:
+        """A backward in parts, each in its turn: the input's gradient (when needed) and each
+        parameter's, as one backward of the whole stage returns them."""
+        assert flight.layer_outputs is not None
+        got: dict[int, torch.Tensor | None] = {}
+        grad: torch.Tensor | None = upstream
+        for part, layers in enumerate(self.parts["backward"]):
+            assert grad is not None  # only the last part's input may need none
+            below, mine = self._timed("backward", m, flight.header_version, functools.partial(
+                backward_layers, outputs=flight.layer_outputs, inputs=flight.inputs,
+                params=flight.params, param_layers=self.param_layers, grad=grad,
+                first=layers[0], last=layers[1], input_grad=needs_input_grad),
+                part=part, layers=layers)
+            got.update(mine)
+            grad = below
+        params = tuple(got.get(i) for i in range(len(flight.params)))
+        return ((grad,) if needs_input_grad else ()) + params
 
     def update(self, action: Action) -> None:
         m = action.microbatch

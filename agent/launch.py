@@ -114,7 +114,7 @@ class Launcher:
             found = self.turnstiles.get(key)
             if found is None:
                 found = self.turnstiles[key] = Turnstile(
-                    [Turn(p, kind, n) for p, kind, n in spec.turns],
+                    [Turn(p, kind, n) for p, kind, n, _, _ in spec.turns],
                     first_microbatch=spec.first_microbatch)
             return found
 

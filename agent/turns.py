@@ -5,10 +5,11 @@ helper serves its clients' forward and backward tasks as the chosen schedule pre
 Each of the device's stages runs on an executor of its own; they share one :class:`Turnstile`
 per run and generation. Its order is one micro-batch's tasks, ``(pipeline, kind)`` with kind
 "forward" or "backward", repeated for every micro-batch: task i of micro-batch m is turn
-``m * len(order) + i``. A pass waits for its turn (its input may still be on its way: the
-turn is its, and the others wait, as in the schedule), and its end gives the turn to the
-next task. A pipeline that trains fewer micro-batches than the others has no task past its
-last: its turns are skipped.
+``m * len(order) + i``. A pass the schedule preempts is several tasks in the order, its parts
+(numbered from 0 as they come), each over some of its layers (agent.layered). A pass waits
+for its turn (its input may still be on its way: the turn is its, and the others wait, as in
+the schedule), and its end gives the turn to the next task. A pipeline that trains fewer
+micro-batches than the others has no task past its last: its turns are skipped.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ KINDS = ("forward", "backward")
 
 
 class TurnError(RuntimeError):
-    """A pass that is not in the order, or a turn that did not come in time."""
+    """A pass (or part) that is not in the order, or a turn that did not come in time."""
 
 
 @dataclass(frozen=True)
@@ -37,9 +38,14 @@ class Turn:
 
 class Turnstile:
     def __init__(self, order: Sequence[Turn], *, first_microbatch: int = 0) -> None:
-        tasks = [(t.pipeline, t.kind) for t in order]
-        if not order or len(set(tasks)) != len(tasks):
-            raise TurnError("an order names each (pipeline, kind) once, and at least one")
+        seen: dict[tuple[int, str], int] = {}
+        tasks = []  # (pipeline, kind, part)
+        for t in order:
+            part = seen[(t.pipeline, t.kind)] = seen.get((t.pipeline, t.kind), -1) + 1
+            tasks.append((t.pipeline, t.kind, part))
+        if not order or len({(t.pipeline, t.kind, t.microbatches) for t in order}) != len(seen):
+            raise TurnError("an order names at least one task, and each pipeline's micro-batch "
+                            "count once")
         if any(t.kind not in KINDS or t.microbatches < 1 for t in order):
             raise TurnError("an order's tasks are forward or backward passes of pipelines "
                             "that train at least one micro-batch")
@@ -50,17 +56,18 @@ class Turnstile:
         self._next = first_microbatch * len(order)
         self._skip()
 
-    def position(self, pipeline: int, kind: str, microbatch: int) -> int:
-        i = self._index.get((pipeline, kind))
+    def position(self, pipeline: int, kind: str, microbatch: int, part: int = 0) -> int:
+        i = self._index.get((pipeline, kind, part))
         if i is None:
-            raise TurnError(f"the {kind} of pipeline {pipeline} is not in this device's order")
+            raise TurnError(f"part {part} of the {kind} of pipeline {pipeline} is not in this "
+                            "device's order")
         return microbatch * len(self.order) + i
 
-    def wait(self, pipeline: int, kind: str, microbatch: int, *, timeout_s: float,
-             cancelled: Callable[[], bool] = lambda: False) -> None:
-        """Block until it is this pass's turn; TurnError after ``timeout_s`` or once
-        ``cancelled()`` turns true."""
-        mine = self.position(pipeline, kind, microbatch)
+    def wait(self, pipeline: int, kind: str, microbatch: int, part: int = 0, *,
+             timeout_s: float, cancelled: Callable[[], bool] = lambda: False) -> None:
+        """Block until it is the turn of this pass (its ``part``); TurnError after
+        ``timeout_s`` or once ``cancelled()`` turns true."""
+        mine = self.position(pipeline, kind, microbatch, part)
         deadline = time.monotonic() + timeout_s
         with self._changed:
             while self._next != mine:
@@ -74,10 +81,10 @@ class Turnstile:
                                     f"its turn, held by {self._describe(self._next)}")
                 self._changed.wait(min(0.2, left))
 
-    def done(self, pipeline: int, kind: str, microbatch: int) -> None:
-        """The pass ended: the next task's turn."""
+    def done(self, pipeline: int, kind: str, microbatch: int, part: int = 0) -> None:
+        """The pass (its ``part``) ended: the next task's turn."""
         with self._changed:
-            if self._next == self.position(pipeline, kind, microbatch):
+            if self._next == self.position(pipeline, kind, microbatch, part):
                 self._next += 1
                 self._skip()
                 self._changed.notify_all()

@@ -14,7 +14,9 @@ cut after conv1 (part-1) and after fc1 (part-2: conv2, conv3, fc1; part-3: fc2),
 U-shaped pipeline per client (orchestrator.sl.runtime.split_run_plan: part-1 and part-3 on the
 client, part-2 on its assigned helper; the labels never leave the client), every stage a
 StageExecutor on a thread of its own, the passes of a helper's stages taken in the schedule's
-order through its Turnstile (helper_task_order; GPipe, one micro-batch a batch).
+order through its Turnstile (orchestrator.sl.turns.helper_turns: a task the schedule
+preempts runs in parts between layers, one at each of its segments' turns; GPipe, one
+micro-batch a batch).
 
 The testbed (``--quick``: the first four clients): clients 12x to 28x slower than this
 machine, helpers 6x and 8x, each pass paced to that many times this machine's warm time for
@@ -39,11 +41,11 @@ latest end of a client's part-1 backward of it. The first ``--warmup`` batches a
 Planned: the schedule's makespan in slots times the slot length (predicted_makespan_s).
 Replayed: the same schedule's order on each helper run with the instance's times before they
 were rounded up to slots, tasks whole (what this runtime would take with a perfect emulation):
-planned over replayed is the slots' rounding and the runtime's lack of preemption,
-measured over replayed the runtime's own costs.
+planned over replayed is the slots' rounding and the preemptions (a part of a pass ends at
+a layer, not at a slot), measured over replayed the runtime's own costs.
 
-Deliberate differences from the plan, said in the output: a task the schedule preempts runs
-whole at its first segment's turn (preemption inside a pass is not built); a helper starts a
+Deliberate differences from the plan, said in the output: a preempted task's parts end at
+the layer closest to its segment's share of the task, not at the slot; a helper starts a
 task as soon as its turn and input have come, not at its slot. Each client's link is emulated
 on both ends of its pair (the client's plane, and a plane of the helper for that client
 alone, both shaped as the client's line): a data plane shapes its sender's whole outgoing
@@ -92,6 +94,7 @@ from orchestrator.protocol import StageSpec  # noqa: E402
 from orchestrator.sl import runtime as sl  # noqa: E402
 from orchestrator.sl.formats import Instance, Schedule  # noqa: E402
 from orchestrator.sl.solve import solve  # noqa: E402
+from orchestrator.sl.turns import helper_turns  # noqa: E402
 
 MODEL, DATASET, BATCH_SIZE = "vgg5", "synthetic-cifar", 8
 CUTS = sl.SplitCuts(sigma1=0, sigma2=3)  # part-1 conv1; part-2 conv2, conv3, fc1; part-3 fc2
@@ -272,12 +275,18 @@ def train(bed: Testbed, schedule: Schedule, *, batches: int, timeout_s: float = 
                             microbatches_per_round=[batches] * len(ids), rounds=1,
                             samples=[len(s.y_train) for s in shards])
     trained = Trained()
-    turns: list[tuple[tuple[int, str, int], ...]] = []
+    turns: list[tuple[tuple[int, str, int, int, int], ...]] = []
     for i in range(len(hids)):
-        order = sl.helper_task_order(instance=bed.instance, schedule=schedule, helper=i)
+        # a preempted task in parts, each over the layers of part-2 its segment's share of
+        # the task covers (by the helper's layer times: this machine's, in proportion)
+        order = helper_turns(
+            instance=bed.instance, schedule=schedule, helper=i,
+            parts2=[run.pipelines[j].stages[1].layers for j in range(len(ids))],
+            forward_s=bed.warm.forward_s, backward_s=bed.warm.backward_s,
+            switch_slots=schedule.switch_slots[i] if schedule.switch_slots else 0)
         trained.orders.append([(t.client, t.kind) for t in order])
-        turns.append(tuple((t.client, t.kind, batches) for t in order))
-    turnstiles = [Turnstile([Turn(*t) for t in mine]) if mine else None for mine in turns]
+        turns.append(tuple((t.client, t.kind, batches, *t.layers) for t in order))
+    turnstiles = [Turnstile([Turn(*t[:3]) for t in mine]) if mine else None for mine in turns]
     release = threading.Barrier(len(ids), timeout=timeout_s)
     stop = threading.Event()
     errors: list[BaseException] = []
@@ -407,9 +416,10 @@ def measured_steps_s(trained: Trained, *, pipeline: int, microbatch: int) -> dic
         return [e.end - e.start for e in mine if e.stage == stage and e.kind == kind]
 
     up = spans(1, "recv")  # the activation, then the gradient
-    return dict(zip(STEPS, (spans(0, "forward")[0], up[0], spans(1, "forward")[0],
+    # a helper's preempted pass is several events, one a part: their sum is the pass
+    return dict(zip(STEPS, (spans(0, "forward")[0], up[0], sum(spans(1, "forward")),
                             spans(2, "recv")[0], spans(2, "forward")[0],
-                            spans(2, "backward")[0], up[1], spans(1, "backward")[0],
+                            spans(2, "backward")[0], up[1], sum(spans(1, "backward")),
                             spans(0, "recv")[0], spans(0, "backward")[0]), strict=True))
 
 
@@ -586,8 +596,8 @@ def report(bed: Testbed, args: argparse.Namespace, rows: list[dict[str, Any]],
                                    for h in bed.helpers)
         + f"; slots of {bed.instance.slot_ms:g} ms; {args.batches} batches a method, the "
         f"first {args.warmup} left out. Makespan of a batch: first part-1 forward start to "
-        "last part-1 backward end. Preempted tasks run whole at their first segment's turn "
-        "(preemption inside a pass is not built).",
+        "last part-1 backward end. Preempted tasks run in parts between layers, each at its "
+        "segment's turn.",
         HEADER, "-" * len(HEADER), *map(table_row, rows),
         *(f"{method:<16} left out: {reason}" for method, reason in skipped.items()),
         "\nThe runtime beyond the cost model, ms: release = the spread of a batch's part-1 "
@@ -617,7 +627,7 @@ def report(bed: Testbed, args: argparse.Namespace, rows: list[dict[str, Any]],
         "ranking_planned": ranking(planned), "ranking_measured": ranking(measured),
         "pairs_ordered_alike": [agree, judged], "rankings_agree": agree == judged,
         "within_15_percent": within,
-        "preemption": "a preempted task runs whole at its first segment's turn",
+        "preemption": "a preempted task runs in parts between layers, each at its turn",
         "seconds": round(seconds, 1)}))
 
 

@@ -23,6 +23,7 @@ from orchestrator.protocol.fields import (
 )
 from orchestrator.schedule import MAX_MICROBATCHES, Schedule, build_schedule
 
+MAX_TURNS = 16 * MAX_PIPELINES  # a device's turns of one micro-batch, preempted parts too
 SHARD_SPLITS = ("iid", "label-skew")  # how a run's training set is cut among pipelines
 
 
@@ -49,9 +50,10 @@ class StageSpec:
     pipeline trains on (a split-learning client's own), cut ``shard_split`` ("iid", or
     "label-skew": each shard holds few classes); None: all of it. Order: ``turns``, the
     order in which this device runs its stages' passes of one micro-batch, each (pipeline,
-    "forward" or "backward", that pipeline's micro-batches) (agent.turns: a split-learning
-    helper follows its schedule, under a synchronous schedule of one micro-batch a batch);
-    empty: as their inputs come.
+    "forward" or "backward", that pipeline's micro-batches, first layer, last layer): a pass
+    the schedule preempts is several turns, each over some of its layers (agent.turns: a
+    split-learning helper follows its schedule, under a synchronous schedule of one
+    micro-batch a batch); empty: as their inputs come.
     """
 
     run: int
@@ -89,7 +91,7 @@ class StageSpec:
     group_weight: float = 1.0
     shard: tuple[int, int] | None = None
     shard_split: str = "iid"
-    turns: tuple[tuple[int, str, int], ...] = ()
+    turns: tuple[tuple[int, str, int, int, int], ...] = ()
 
     def __post_init__(self) -> None:
         self.check()
@@ -231,18 +233,7 @@ class StageSpec:
             raise fail("shard_split", f"must be one of {', '.join(SHARD_SPLITS)}",
                        self.shard_split)
         if self.turns:
-            tasks = [(p, kind) for p, kind, _ in self.turns]
-            if (len(set(tasks)) != len(tasks) or any(kind not in ("forward", "backward")
-                                                     or n < 1 for _, kind, n in self.turns)
-                    or {(self.pipeline, "forward"), (self.pipeline, "backward")} - set(tasks)
-                    or any(n != self.microbatches for p, _, n in self.turns
-                           if p == self.pipeline)):
-                raise fail("turns", "lists each (pipeline, forward or backward, micro-batches) "
-                           "once, this stage's two passes among them with its micro-batches")
-            if not synchronous(self.schedule) or self.flush_every != 1:
-                raise fail("turns", "go with a synchronous schedule of one micro-batch a batch "
-                           "(flush_every 1): a device takes each pipeline's micro-batches one "
-                           "at a time, forward then backward")
+            check_turns(self)
         if not (self.suspect_factor > 0 and self.suspect_min_s > 0
                 and self.receive_timeout_s > 0):
             raise fail("suspect_factor", "suspect_factor, suspect_min_s and "
@@ -334,14 +325,48 @@ class StageSpec:
             shard=read_optional(obj.get("shard"), _shard),
             shard_split=read_text(obj.get("shard_split", "iid"), "shard_split"),
             turns=tuple(_turn(t, f"turns[{i}]") for i, t in enumerate(
-                read_list(obj.get("turns") or [], "turns", maximum=2 * MAX_PIPELINES))))
+                read_list(obj.get("turns") or [], "turns", maximum=MAX_TURNS))))
 
 
-def _turn(raw: Any, name: str) -> tuple[int, str, int]:
-    pipeline, kind, microbatches = read_list(raw, name, minimum=3, maximum=3)
+def _turn(raw: Any, name: str) -> tuple[int, str, int, int, int]:
+    pipeline, kind, microbatches, first, last = read_list(raw, name, minimum=5, maximum=5)
     return (read_int(pipeline, f"{name}[0]", maximum=MAX_PIPELINES),
             read_text(kind, f"{name}[1]"),
-            read_int(microbatches, f"{name}[2]", minimum=1, maximum=MAX_MICROBATCHES))
+            read_int(microbatches, f"{name}[2]", minimum=1, maximum=MAX_MICROBATCHES),
+            read_int(first, f"{name}[3]"), read_int(last, f"{name}[4]"))
+
+
+def check_turns(spec: StageSpec) -> None:
+    """Raise ProtocolError unless ``spec.turns`` is an order the device can follow: forward
+    and backward passes of pipelines, one micro-batch count each; this stage's own forward
+    over its layers from the first up and its backward from the last down, each in one turn
+    or, on a stage between two others, in several; under a synchronous schedule of one
+    micro-batch a batch."""
+    counts: dict[tuple[int, str], set[int]] = {}
+    for p, kind, n, first, last in spec.turns:
+        if kind not in ("forward", "backward") or n < 1 or not 0 <= first <= last:
+            raise fail("turns", "each is (pipeline, forward or backward, micro-batches, first "
+                       "layer, last layer)", [p, kind, n, first, last])
+        counts.setdefault((p, kind), set()).add(n)
+    if any(len(n) > 1 for n in counts.values()):
+        raise fail("turns", "name one micro-batch count for each pipeline's pass")
+    for kind in ("forward", "backward"):
+        parts = [(first, last) for p, k, _, first, last in spec.turns
+                 if (p, k) == (spec.pipeline, kind)]
+        if kind == "backward":
+            parts.reverse()
+        if len(parts) > 1 and (spec.first or spec.last):
+            raise fail("turns", "only a stage between two others takes its passes in parts")
+        covered = [layer for first, last in parts for layer in range(first, last + 1)]
+        if covered != list(range(spec.layers[0], spec.layers[1] + 1)):
+            raise fail("turns", f"this stage's {kind} must cover its layers "
+                       f"{spec.layers[0]}..{spec.layers[1]} once, in the pass's order")
+    if counts[(spec.pipeline, "forward")] != {spec.microbatches}:
+        raise fail("turns", f"this stage's pipeline trains {spec.microbatches} micro-batches")
+    if not synchronous(spec.schedule) or spec.flush_every != 1:
+        raise fail("turns", "go with a synchronous schedule of one micro-batch a batch "
+                   "(flush_every 1): a device takes each pipeline's micro-batches one at a "
+                   "time, forward then backward")
 
 
 def _shard(raw: Any) -> tuple[int, int]:

@@ -5,6 +5,7 @@ shards a run cuts its training set in, one a client."""
 from __future__ import annotations
 
 import itertools
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -153,40 +154,51 @@ def test_a_shard_that_cannot_be_cut_is_refused() -> None:
         DIGITS.shard(0, 10**6)
 
 
-def train_clients(order: Sequence[tuple[int, str]] | None, *, microbatches: Sequence[int] = (
-        8, 8)) -> list[TimelineEvent]:
+Task = tuple[int, str] | tuple[int, str, int, int]  # (pipeline, kind[, first, last layer])
+PART2 = LAYERS[1]
+
+
+def train_clients(order: Sequence[Task] | None, *, microbatches: Sequence[int] = (8, 8)
+                  ) -> tuple[list[TimelineEvent], dict[int, list[torch.Tensor]]]:
     """Two clients' U-shaped pipelines sharing one helper, which takes its passes in
-    ``order`` (one micro-batch's tasks: (pipeline, kind)); None: as their inputs come.
-    The helper's timeline events."""
+    ``order`` (one micro-batch's tasks: (pipeline, kind), or (pipeline, kind, first, last)
+    for a part of a pass over those layers); None: as their inputs come. The helper's
+    timeline events and each pipeline's part-2 weights at the end."""
     torch.set_num_threads(1)
     clients = [f"client-{j}" for j in range(len(microbatches))]
     planes = connected_planes([*clients, "helper"])
     clock = Clock(started_at=time.time())
     events: list[TimelineEvent] = []
     errors: list[BaseException] = []
-    turns = () if order is None else tuple((p, kind, microbatches[p]) for p, kind in order)
-    turnstile = None if order is None else Turnstile([Turn(*t) for t in turns])
+    weights: dict[int, list[torch.Tensor]] = {}
+    turns = () if order is None else tuple(
+        (t[0], t[1], microbatches[t[0]], *(t[2:] if len(t) == 4 else PART2)) for t in order)
+    turnstile = None if order is None else Turnstile([Turn(*t[:3]) for t in turns])
     stages = [(j, k) for j in range(len(clients)) for k in range(3)]
+    # built here: the global random state a model is initialised from is not threads'
+    modules = {(j, k): build_model("mlp", input_shape=DIGITS.input_shape, num_classes=10,
+                                   seed=j).stage(*LAYERS[k]) for j, k in stages}
 
     def run(i: int) -> None:
         j, k = stages[i]
         devices = [clients[j], "helper", clients[j]]
+        module = modules[(j, k)]
         try:
             # one micro-batch of each client at a time, as in the split-learning schedule
             stage = spec(k, devices, microbatches[j], 1, pipeline=j,
                          turns=turns if k == 1 else ())
-            module = build_model("mlp", input_shape=DIGITS.input_shape, num_classes=10,
-                                 seed=j).stage(*LAYERS[k])
             StageExecutor(stage, module=module, plane=planes[devices[k]], clock=clock,
                           dataset=DIGITS if reads_data(stage) else None,
                           on_event=events.append, on_metric=lambda m: None,
                           turns=turnstile if k == 1 else None).run()
+            if k == 1:
+                weights[j] = [t.detach().clone() for t in module.parameters()]
         except BaseException as exc:  # surfaced by the assertion below
             errors.append(exc)
 
     run_stages(run, len(stages), planes.values())
     assert not errors, errors
-    return sorted((e for e in events if e.device == "helper"), key=lambda e: e.start)
+    return sorted((e for e in events if e.device == "helper"), key=lambda e: e.start), weights
 
 
 def passes(events: Sequence[TimelineEvent], microbatch: int) -> list[tuple[int, str]]:
@@ -200,7 +212,7 @@ def passes(events: Sequence[TimelineEvent], microbatch: int) -> list[tuple[int, 
 ])
 def test_a_helper_takes_its_clients_passes_in_the_schedules_order(
         order: list[tuple[int, str]]) -> None:
-    events = train_clients(order)
+    events, _ = train_clients(order)
     for m in range(8):
         assert passes(events, m) == order, m
     # one pass at a time: the helper's passes never overlap
@@ -210,18 +222,35 @@ def test_a_helper_takes_its_clients_passes_in_the_schedules_order(
 
 def test_a_client_with_fewer_micro_batches_leaves_the_order_when_it_ends() -> None:
     order = [(0, "forward"), (1, "forward"), (1, "backward"), (0, "backward")]
-    events = train_clients(order, microbatches=(4, 8))
+    events, _ = train_clients(order, microbatches=(4, 8))
     assert passes(events, 3) == order
     assert passes(events, 5) == [(1, "forward"), (1, "backward")]
 
 
+def test_a_preempted_pass_runs_in_parts_between_layers_and_trains_the_same() -> None:
+    # client 0's forward preempted by client 1's after part-2's first layer, its backward by
+    # nothing but cut elsewhere: the last layer, then the first
+    order: list[Task] = [(0, "forward", 1, 1), (1, "forward"), (0, "forward", 2, 2),
+                         (1, "backward"), (0, "backward", 2, 2), (0, "backward", 1, 1)]
+    events, weights = train_clients(order)
+    for m in range(8):
+        assert passes(events, m) == [(t[0], t[1]) for t in order], m
+    timed = [e for e in events if e.kind in ("forward", "backward")]
+    assert all(a.end <= b.start for a, b in itertools.pairwise(timed))
+    # the same training, bit for bit, as whole passes: the parts compute what one pass does
+    _, whole = train_clients([(0, "forward"), (1, "forward"), (1, "backward"), (0, "backward")])
+    for j in (0, 1):
+        assert all(torch.equal(got, expected) for got, expected in zip(weights[j], whole[j],
+                                                                       strict=True)), j
+
+
 def test_a_turnstile_refuses_what_is_not_in_its_order() -> None:
-    with pytest.raises(TurnError, match="each"):
-        Turnstile([Turn(0, "forward", 4), Turn(0, "forward", 4)])
+    with pytest.raises(TurnError, match="micro-batch count once"):
+        Turnstile([Turn(0, "forward", 4), Turn(0, "forward", 8)])
     with pytest.raises(TurnError, match="forward or backward"):
         Turnstile([Turn(0, "update", 4)])
-    gate = Turnstile([Turn(0, "forward", 2), Turn(1, "forward", 2)])
-    with pytest.raises(TurnError, match="not in this device's order"):
+    gate = Turnstile([Turn(0, "forward", 2), Turn(1, "forward", 2), Turn(0, "forward", 2)])
+    with pytest.raises(TurnError, match="part 0 of the backward of pipeline 0 is not in"):
         gate.wait(0, "backward", 0, timeout_s=1)
     with pytest.raises(TurnError, match=r"waited 0\.3 s for its turn, held by the forward of "
                                         r"micro-batch 0 of pipeline 0"):
@@ -229,10 +258,35 @@ def test_a_turnstile_refuses_what_is_not_in_its_order() -> None:
     gate.wait(0, "forward", 0, timeout_s=1)
     gate.done(0, "forward", 0)
     gate.wait(1, "forward", 0, timeout_s=1)
-    with pytest.raises(ProtocolError, match="turns"):
-        spec(1, ["c", "h", "c"], flush_every=1, turns=((1, "forward", 16), (1, "backward", 16)))
+    gate.done(1, "forward", 0)
+    gate.wait(0, "forward", 0, 1, timeout_s=1)  # the second part of pipeline 0's forward
+
+
+@pytest.mark.parametrize(("turns", "says"), [
+    (((1, "forward", 16, 1, 2), (1, "backward", 16, 1, 2)), "this stage's forward must cover"),
+    (((0, "forward", 16, 1, 2), (0, "backward", 16, 1, 1)), "this stage's backward must cover"),
+    (((0, "forward", 16, 2, 2), (0, "forward", 16, 1, 1), (0, "backward", 16, 1, 2)),
+     "in the pass's order"),
+    (((0, "forward", 16, 1, 2), (0, "backward", 16, 1, 1), (0, "backward", 16, 2, 2)),
+     "in the pass's order"),
+    (((0, "forward", 16, 1, 2), (0, "backward", 16, 1, 2), (1, "forward", 8, 1, 2),
+      (1, "forward", 4, 1, 2)), "one micro-batch count"),
+    (((0, "forward", 8, 1, 2), (0, "backward", 8, 1, 2)), "trains 16 micro-batches"),
+    (((0, "update", 16, 1, 2),), "each is (pipeline, forward or backward"),
+])
+def test_a_stage_spec_refuses_turns_it_cannot_follow(turns: tuple[tuple[int, str, int, int,
+                                                                        int], ...],
+                                                     says: str) -> None:
+    with pytest.raises(ProtocolError, match=re.escape(says)):
+        spec(1, ["c", "h", "c"], flush_every=1, turns=turns)
+
+
+def test_turns_round_trip_and_go_with_one_micro_batch_a_batch() -> None:
+    turns = ((0, "forward", 16, 1, 1), (0, "forward", 16, 2, 2), (0, "backward", 16, 1, 2))
+    again = StageSpec.from_json(spec(1, ["c", "h", "c"], flush_every=1, turns=turns).to_json())
+    assert again.turns == turns
     with pytest.raises(ProtocolError, match="turns: go with a synchronous schedule"):
-        spec(1, ["c", "h", "c"], turns=((0, "forward", 16), (0, "backward", 16)))
-    again = StageSpec.from_json(spec(1, ["c", "h", "c"], flush_every=1, turns=(
-        (0, "forward", 16), (0, "backward", 16))).to_json())
-    assert again.turns == ((0, "forward", 16), (0, "backward", 16))
+        spec(1, ["c", "h", "c"], turns=((0, "forward", 16, 1, 2), (0, "backward", 16, 1, 2)))
+    with pytest.raises(ProtocolError, match="only a stage between two others"):
+        spec(0, ["c", "h", "c"], flush_every=1, turns=(
+            (0, "forward", 16, 0, 0), (0, "backward", 16, 0, 0), (0, "backward", 16, 0, 0)))

@@ -231,7 +231,7 @@ def test_one_client_trains_alone_without_groups() -> None:
 # ------------------------------------------------------------------ the helper's order
 
 
-def _preemptive() -> tuple[Instance, Schedule]:
+def preemptive_schedule() -> tuple[Instance, Schedule]:
     """Three clients, two helpers. Helper 0 starts client 0's forward, preempts it for client
     1's (released at slot 1), resumes it; client 1's backward, then client 0's (given as two
     adjacent segments). Helper 1 serves client 2 alone."""
@@ -252,7 +252,7 @@ def _preemptive() -> tuple[Instance, Schedule]:
 
 
 def test_a_helper_follows_its_tasks_in_the_order_it_starts_them() -> None:
-    inst, schedule = _preemptive()
+    inst, schedule = preemptive_schedule()
     assert helper_task_order(instance=inst, schedule=schedule, helper=0) == (
         HelperTask(0, "forward", ((0, 1), (2, 4))),
         HelperTask(1, "forward", ((1, 2),)),
@@ -266,7 +266,7 @@ def test_a_helper_follows_its_tasks_in_the_order_it_starts_them() -> None:
 
 
 def test_a_helper_without_clients_has_nothing_to_do() -> None:
-    inst, schedule = _preemptive()
+    inst, schedule = preemptive_schedule()
     alone = dataclasses.replace(
         schedule, assignment=(0, 0, 0),
         forward=(*schedule.forward[:3], Segment(0, 2, 5, 6), Segment(0, 2, 8, 9)),
@@ -351,7 +351,7 @@ def test_every_bad_run_plan_input_names_its_field(changes: dict[str, Any], field
 
 
 def test_task_order_and_makespan_refuse_what_does_not_belong_together() -> None:
-    inst, schedule = _preemptive()
+    inst, schedule = preemptive_schedule()
     for helper in (2, -1, True):
         with _raises("helper"):
             helper_task_order(instance=inst, schedule=schedule, helper=helper)
