@@ -337,7 +337,7 @@ def evaluate(cm: CostModel, stages: Sequence[Stage], *,
     stage_s: list[float] = []
     boundary_s: list[float] = []
     need: dict[str, int] = {}
-    memory_ok = True
+    computes: dict[str, list[tuple[int, float]]] = {}  # device -> (stage, compute seconds)
     for k, stage in enumerate(stages):
         fig = stage_figures(cm, stage, beta=beta, schedule=schedule)
         stage_s.append(fig.time_s)
@@ -347,14 +347,20 @@ def evaluate(cm: CostModel, stages: Sequence[Stage], *,
         a, e = stage.layers
         bytes_needed = cm.memory_need_bytes(a, e, k, num_stages)
         for dev_id in stage.devices:
-            need[dev_id] = math.ceil(bytes_needed)
-            if bytes_needed > cm.memory_bytes[cm.index(dev_id)]:
-                memory_ok = False
+            # a U-shaped pipeline's device holds both its stages at once
+            need[dev_id] = need.get(dev_id, 0) + math.ceil(bytes_needed)
+            computes.setdefault(dev_id, []).append((k, fig.compute_s))
         if k + 1 < num_stages:
             x = cm.boundary_s(e, [cm.index(d) for d in stage.devices],
                               [cm.index(d) for d in stages[k + 1].devices])
             boundary_s.append(x)
             parts.append((x, f"boundary {k}->{k + 1}"))
+    for dev_id, mine in computes.items():
+        if len(mine) > 1:  # and computes one pass at a time: its stages' work adds up
+            parts.append((sum(t for _, t in mine), f"device {dev_id} compute (stages "
+                          f"{' and '.join(str(k) for k, _ in mine)})"))
+    memory_ok = all(bytes_needed <= cm.memory_bytes[cm.index(d)]
+                    for d, bytes_needed in need.items())
     period, label = max(parts, key=lambda p: p[0])
     if period <= 0:
         raise PlanningError("the plan's period is zero: its layers have no work and no "

@@ -4,6 +4,7 @@ checks and JSON, and the simulator running every pipeline together."""
 from __future__ import annotations
 
 import itertools
+import math
 from collections import Counter
 from collections.abc import Sequence
 
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.cost import build_cost_model
+from orchestrator.cost import build_cost_model, evaluate_plan, stage_figures
 from orchestrator.errors import FormatError
 from orchestrator.events import TimelineEvent
 from orchestrator.formats import DeviceSet, Plan, Stage
@@ -166,3 +167,23 @@ def test_a_u_shaped_pipeline_simulates_its_clients_two_stages_one_pass_at_a_time
                         if e.device == device and e.kind in ("forward", "backward"))
         assert all(b[0] >= a[1] - 1e-12 for a, b in itertools.pairwise(passes))
     assert {e.stage for e in sim.events if e.device == "c1"} >= {0, 2}
+
+
+def test_the_cost_model_counts_a_u_shaped_clients_two_stages_together() -> None:
+    # it kept the memory of the client's last stage only (a device's need was overwritten
+    # stage by stage) and took the larger of its two stages' times as if they ran at once
+    run, cm = split_like(1)
+    plan = run.pipelines[0]
+    prediction = evaluate_plan(cm, plan)
+    parts = [cm.memory_need_bytes(a, e, k, 3) for k, (a, e) in
+             enumerate(s.layers for s in plan.stages)]
+    assert prediction.memory_need_bytes["c0"] == math.ceil(parts[0]) + math.ceil(parts[2])
+    assert prediction.memory_need_bytes["helper"] == math.ceil(parts[1])
+    client = sum(stage_figures(cm, plan.stages[k]).compute_s for k in (0, 2))
+    assert prediction.period_s == pytest.approx(client)  # 0.1 + 0.2 + 0.2 + 0.4
+    assert prediction.bottleneck == "device c0 compute (stages 0 and 2)"
+    tight = build_cost_model(cm.profile, DeviceSet(devices=(
+        make_device("c0", 1.0, bandwidth_bps=1e6,
+                    memory_bytes=max(math.ceil(parts[0]), math.ceil(parts[2])) + 1),
+        make_device("helper", 4.0, bandwidth_bps=1e6))))
+    assert not evaluate_plan(tight, plan).memory_ok  # either part fits alone, not both
