@@ -88,9 +88,9 @@ def test_a_run_started_again_reads_one_clock_across_the_page(visit: Visit, serve
 
     # the Gantt draws the second attempt's bars
     page.wait_for_function(
-        "start => (document.getElementById('gantt').data || []).some(t => t.meta &&"
-        " t.meta.events && t.meta.events.some(e => e && e.kind === 'forward'"
-        " && Math.abs(e.start - start) < 1e-6))", arg=starts[0], timeout=LIVE_WITHIN_S)
+        "start => EdgePipe.runPage.ganttItems && EdgePipe.runPage.ganttItems('events')"
+        ".some(e => e.kind === 'forward' && Math.abs(e.start - start) < 1e-6)",
+        arg=starts[0], timeout=LIVE_WITHIN_S)
     gantt = page.evaluate("document.getElementById('gantt').layout.xaxis.range")
     marks = page.evaluate("document.getElementById('gantt').layout.shapes"
                           ".filter(s => s.type === 'line' && s.xref !== 'paper').map(s => s.x0)")

@@ -219,18 +219,14 @@ def test_a_running_run_page_fills_live_from_the_agents_events(visit: Visit, serv
     # the live Gantt: bars on every device's row, ghosts of the plan beneath
     page.wait_for_function(
         """rows => {
-             const gd = document.getElementById('gantt');
-             if (!gd || !gd.data) return false;
-             const seen = new Set();
-             for (const t of gd.data) {
-               if (t.name.startsWith('planned') || t.mode !== 'lines') continue;
-               for (const y of t.y) if (y !== null) seen.add(Math.round(y));
-             }
+             if (!EdgePipe.runPage.ganttItems) return false;
+             const seen = new Set(EdgePipe.runPage.ganttItems('events').map(b => b.row));
              return rows.every((_, i) => seen.has(i));
            }""", arg=rows, timeout=LIVE_WITHIN_S)
-    page.wait_for_function(
-        "() => (document.getElementById('gantt').data || [])"
-        ".some(t => t.name.startsWith('planned') && t.x.length > 0)", timeout=LIVE_WITHIN_S)
+    page.wait_for_function("() => EdgePipe.runPage.ganttItems('ghost').length > 0",
+                           timeout=LIVE_WITHIN_S)
+    legend = page.locator("#gantt .legend .legendtext").all_text_contents()
+    assert "forward" in legend and "planned forward" in legend
     # the idle breakdown for each device, throughput and training curves, the fault log
     page.wait_for_function(
         f"() => (document.getElementById('idle').data || []).length === 5 && "

@@ -25,15 +25,12 @@ def transfer(run: int, uid: str, stage: int, kind: str, microbatch: int, start: 
             "version": 0, "start": start, "end": end, "bytes": 4096}
 
 
-# the pointer onto the middle of a device's send of micro-batch 1 that begins at `start`
+# the pointer onto the middle of a device's send of micro-batch 1 that begins at `start` (the
+# bar the Gantt's canvas draws: EdgePipe.runPage.ganttItems, in client pixels)
 HOVER = """([uid, start]) => {
-  const gd = document.getElementById('gantt');
-  const trace = gd.data.findIndex(t => t.name === 'send');
-  const events = gd.data[trace].meta.events;
-  const k = events.findIndex(e => e && e.device === uid && e.microbatch === 1 && e.start === start);
-  const fl = gd._fullLayout, box = gd.getBoundingClientRect();
-  return [box.left + fl._size.l + fl.xaxis.l2p(gd.data[trace].x[k + 1]),
-          box.top + fl._size.t + fl.yaxis.l2p(gd.data[trace].y[k + 1])];
+  const bar = EdgePipe.runPage.ganttItems('events').find(
+    b => b.device === uid && b.kind === 'send' && b.microbatch === 1 && b.start === start);
+  return [bar.x, bar.yPx];
 }"""
 ARROWS = """() => (document.getElementById('gantt').layout.annotations || [])
   .filter(a => a.name === 'flow').map(a => [a.ax, a.x])"""
@@ -62,9 +59,8 @@ def test_hovering_a_send_draws_its_flow_to_the_receive(visit: Visit, server: Ser
         answer = agent.post(f"/api/agent/runs/{run}/events/", json={"timeline": events},
                             headers={"Authorization": keys[uid]})
         assert answer.status_code == 201, answer.text
-    page.wait_for_function("() => { const gd = document.getElementById('gantt');"
-                           " return gd && gd.data && gd.data.some(t => t.name === 'send'"
-                           " && t.meta.events.filter(Boolean).length >= 9); }",
+    page.wait_for_function("() => EdgePipe.runPage.ganttItems &&"
+                           " EdgePipe.runPage.ganttItems('events').length >= 6",
                            timeout=LIVE_WITHIN_S)
     page.locator("#gantt").scroll_into_view_if_needed()
     # the forward's activation: a's send at 1.0 to b's receive ending at 1.2

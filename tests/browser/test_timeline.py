@@ -37,31 +37,22 @@ TimelineEvent.objects.bulk_create(rows, batch_size=5000)
 Run.objects.filter(pk={run}).update(state="finished")
 """
 
-# the bars drawn of exact events: [device, kind, micro-batch, start] once each
+# the bars drawn of exact events: [device, kind, micro-batch, start] once each (the Gantt's
+# canvas layer: EdgePipe.runPage.ganttItems, what its last frame drew)
 DRAWN_EVENTS = """() => {
   const seen = new Set(), out = [];
-  for (const t of document.getElementById('gantt').data) {
-    if (!t.meta || !t.meta.events || t.opacity < 1) continue;
-    for (const e of t.meta.events) {
-      if (!e) continue;
-      const key = [e.device, e.kind, e.microbatch, e.start].join();
-      if (!seen.has(key)) { seen.add(key); out.push([e.device, e.kind, e.microbatch, e.start]); }
-    }
+  for (const e of EdgePipe.runPage.ganttItems('events')) {
+    const key = [e.device, e.kind, e.microbatch, e.start].join();
+    if (!seen.has(key)) { seen.add(key); out.push([e.device, e.kind, e.microbatch, e.start]); }
   }
   return out;
 }"""
 # the merged bars drawn, per device: [first start, last end, events merged]
 DRAWN_BARS = """() => {
   const out = {};
-  for (const t of document.getElementById('gantt').data) {
-    if (!t.meta || !t.meta.bars) continue;
-    const seen = new Set();
-    for (const b of t.meta.bars) {
-      if (!b || seen.has(b)) continue;
-      seen.add(b);
-      const d = out[b.device] || (out[b.device] = [Infinity, -Infinity, 0]);
-      d[0] = Math.min(d[0], b.start); d[1] = Math.max(d[1], b.end); d[2] += b.count;
-    }
+  for (const b of EdgePipe.runPage.ganttItems('bars')) {
+    const d = out[b.device] || (out[b.device] = [Infinity, -Infinity, 0]);
+    d[0] = Math.min(d[0], b.start); d[1] = Math.max(d[1], b.end); d[2] += b.count;
   }
   return out;
 }"""
@@ -90,8 +81,8 @@ def test_zooming_into_a_past_window_draws_its_bars_and_zooming_out_the_whole_run
     run, uids = stored_run(server)
     visit.login(server.password)
     visit.go(f"/runs/{run}/")
-    page.wait_for_function("() => EdgePipe.runPage.state() && EdgePipe.runPage.gantt &&"
-                           " document.getElementById('gantt').data", timeout=LIVE_WITHIN_S)
+    page.wait_for_function("() => EdgePipe.runPage.state() && EdgePipe.runPage.gantt().range",
+                           timeout=LIVE_WITHIN_S)
     # the page's window holds the newest events only: nothing of the first minutes
     held_from = page.evaluate("Math.min(...EdgePipe.runPage.state().timeline.map(e => e.end))")
     assert held_from > 60.0

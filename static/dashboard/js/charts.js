@@ -101,6 +101,15 @@
      events of a device and lane within a bin of the span) on rows {uid: index}; drawn as the
      events are, coloured by the kind that kept the bar busy longest; opts: {rowPx, labels}.
      Each trace's meta.bars holds the bar of each point. */
+  function barText(b, label) {
+    const length = Math.max(b.end - b.start, 1e-9);
+    return "<b>" + EP.plural(b.count, "event") + "</b> · mostly " + EP.esc(b.kind) +
+      " · micro-batches " + b.microbatches[0] + "–" + b.microbatches[1] + "<br>" +
+      EP.esc(label) + "<br>" + b.start.toFixed(3) + " – " +
+      b.end.toFixed(3) + " s, busy " + Math.round((100 * b.busy_s) / length) + "%" +
+      "<br><i>zoom in for the events</i>";
+  }
+
   function overviewTraces(bars, rows, opts) {
     const groups = {};
     for (const b of bars) {
@@ -108,13 +117,7 @@
       if (row === undefined) continue;
       const kind = b.kind in KINDS ? b.kind : "load";
       const lane = LANES[b.lane] ? b.lane : KINDS[kind].lane;
-      const length = Math.max(b.end - b.start, 1e-9);
-      addSegment(groups, kind, lane, row + LANES[lane].y, b,
-        "<b>" + EP.plural(b.count, "event") + "</b> · mostly " + EP.esc(b.kind) +
-        " · micro-batches " + b.microbatches[0] + "–" + b.microbatches[1] + "<br>" +
-        EP.esc(opts.labels[b.device] || b.device) + "<br>" + b.start.toFixed(3) + " – " +
-        b.end.toFixed(3) + " s, busy " + Math.round((100 * b.busy_s) / length) + "%" +
-        "<br><i>zoom in for the events</i>");
+      addSegment(groups, kind, lane, row + LANES[lane].y, b, barText(b, opts.labels[b.device] || b.device));
     }
     return segmentTraces(groups, opts.rowPx, function (kind, g) {
       return { meta: { bars: g.items }, name: KINDS[kind].label, legendgroup: kind,
@@ -339,7 +342,8 @@
   }
 
   EP.charts = {
-    KINDS: KINDS, IDLE: IDLE, ganttTraces: ganttTraces, overviewTraces: overviewTraces,
+    KINDS: KINDS, LANES: LANES, IDLE: IDLE, ganttTraces: ganttTraces, overviewTraces: overviewTraces,
+    hoverText: hoverText, barText: barText,
     ganttLayout: ganttLayout, rowHeight: rowHeight,
     flowOf: flowOf, flowArrow: flowArrow,
     stageRows: stageRows, labelMargin: labelMargin,

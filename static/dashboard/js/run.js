@@ -1,11 +1,13 @@
 /* The run page: connects to ws/runs/<id>/, holds the snapshot brought forward by the deltas
-   (EdgePipe.live.applyRun, the same rule as the server), and redraws what changed at most
-   four times a second with Plotly.react. While the run is planning in the embedded setup
-   (whose in-memory channel layer does not carry the planning worker's events) it asks for a
-   snapshot every 2 s. Also here: the run's controls, the pipeline strip, the Gantts' rows (a
-   row per device in pipeline order, a stage's replicas side by side: the stages of the newest
-   re-partition, else of the chosen plan) and the notes kept of the fault events one by one as
-   they arrive (each device's membership, each re-partition's predicted throughput).
+   (EdgePipe.live.applyRun, the same rule as the server) and every timeline event it got
+   (R.store, for the live Gantt, which draws new events on the next frame), and redraws what
+   else changed at most four times a second with Plotly.react. While the run is planning in
+   the embedded setup (whose in-memory channel layer does not carry the planning worker's
+   events) it asks for a snapshot every 2 s. Also here: the run's controls, the pipeline
+   strip, the Gantts' rows (a row per device in pipeline order, a stage's replicas side by
+   side: the stages of the newest re-partition, else of the chosen plan) and the notes kept of
+   the fault events one by one as they arrive (each device's membership, each re-partition's
+   predicted throughput).
 
    The page's parts share one namespace, EdgePipe.run (this file's state, and the renderers
    the other files add): run_plans.js (plans, their comparison, planned Gantts, training
@@ -31,6 +33,8 @@
     predictions: [], // [{at, sps}]
     recoveryUnderWay: false, // run_recoveries.js: an unfinished recovery's bar grows with time
     resyncing: false, // a fresh snapshot asked for after a gap in the events' numbers
+    // every timeline event the page got (the live Gantt's: timeline_store.js)
+    store: new EP.TimelineStore(),
     $: function (id) { return document.getElementById(id); },
   });
   const h = EP.h;
@@ -46,9 +50,11 @@
   /* ---------------------------------------------------------------- the live connection */
 
   function onMessage(msg) {
+    if (msg.type === "timeline") EP.runPage.timelineDeltas += 1;
     if (msg.type === "snapshot") {
       R.snap = msg;
       R.resyncing = false;
+      R.store.snapshot(msg.timeline);
       EP.runPage.snapshots += 1;
       for (const uid of Object.keys(membership)) delete membership[uid];
       R.predictions = [];
@@ -59,13 +65,19 @@
     } else if (EP.live.RUN_DELTAS.indexOf(msg.type) >= 0) {
       if (!R.snap) return; // a delta before the first snapshot: the snapshot will include it
       // a number skipped: the channel layer dropped an event; a fresh snapshot has it (one
-      // asked for at a time: the deltas meanwhile are applied, none is lost)
-      if (EP.live.gap(R.snap, msg) && !R.resyncing && EP.runPage.socket) {
-        R.resyncing = true;
-        EP.runPage.gaps += 1;
-        EP.runPage.socket.send({ type: "snapshot" });
+      // asked for at a time: the deltas meanwhile are applied, none is lost), and the event
+      // store fetches the timeline events it missed (noted before this delta's are added)
+      if (EP.live.gap(R.snap, msg)) {
+        R.store.gapSeen();
+        if (!R.resyncing && EP.runPage.socket) {
+          R.resyncing = true;
+          EP.runPage.gaps += 1;
+          EP.runPage.socket.send({ type: "snapshot" });
+        }
       }
       R.snap = EP.live.applyRun(R.snap, msg);
+      // the live Gantt draws new events on the next frame, not with the other charts
+      if (msg.type === "timeline" && R.store.add(msg.events) && R.ganttFrame) R.ganttFrame();
       dirty.add(msg.type === "plan" ? "plans" : msg.type);
       // the run carries its devices' status and its chosen plan; a plan, its prediction
       if (msg.type === "run") ["plans", "devices", "prediction"].forEach(function (k) { dirty.add(k); });
@@ -87,6 +99,9 @@
     rows: function () { return R.snap ? ganttRows().rows : []; },
     socket: null, // open once every part of the page is loaded
     renders: 0,
+    frames: 0, // the live Gantt's (run_gantt.js)
+    timelineDeltas: 0, // timeline deltas received
+    onFrame: null, // bench/live.py's: called after each frame of the live Gantt, {ms, received}
     snapshots: 0,
     gaps: 0, // events found missing (a fresh snapshot was asked for each time)
   };
@@ -112,7 +127,8 @@
     if (what.has("run")) renderRun();
     if (what.has("run") || what.has("faults") || what.has("layouts")) renderPipeline();
     if (what.has("plans") || what.has("run")) R.renderPlans();
-    if (what.has("timeline") || what.has("faults") || what.has("run") || what.has("layouts")) R.renderGantt();
+    if (what.has("faults") || what.has("run") || what.has("layouts")) R.renderGantt();
+    else if (what.has("timeline")) R.ganttFrame();
     if (what.has("idle") || what.has("layouts")) R.renderIdle();
     if (what.has("metrics") || what.has("prediction")) R.renderMetrics();
     if (what.has("faults")) R.renderFaults();
@@ -196,7 +212,7 @@
   const ganttRows = (R.ganttRows = function () {
     const current = currentStages();
     const seen = new Set();
-    for (const e of R.snap.timeline) if (!(e.device in labels)) seen.add(e.device);
+    for (const uid of R.store.devices()) if (!(uid in labels)) seen.add(uid);
     const rows = EP.charts.stageRows(current && current.stages, labels,
       cfg.devices.map(function (d) { return d.device; }), Array.from(seen));
     const index = {};
