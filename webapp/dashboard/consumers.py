@@ -68,6 +68,17 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             return
         await self.send_json(UNKNOWN_MESSAGE)
 
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        """As Channels' own, but a run's event goes to the page at once: Channels hops to its
+        database thread before every message (``aclose_old_connections``), and on SQLite that
+        one thread also stores every agent's events, so each delta waited behind the stores
+        (bench/live.py: at 8,000 events/s the channel stage's p95 was 0.4 s). Forwarding an
+        event needs no database; the snapshots' reads close old connections themselves."""
+        if message.get("type") == "run.event":
+            await self.run_event(message)
+            return
+        await super().dispatch(message)
+
     async def run_event(self, message: dict[str, Any]) -> None:
         await self.send_json(message["event"])
 

@@ -107,6 +107,46 @@ def test_an_event_while_the_snapshot_is_read_reaches_the_page_after_it(monkeypat
     assert first["type"] == "snapshot" and second == between
 
 
+def test_a_runs_event_goes_to_the_page_without_a_hop_to_the_database_thread(monkeypatch):
+    # Channels hops to its database thread before every message a consumer handles; on SQLite
+    # that thread also stores the agents' events, and each delta waited behind them
+    # (bench/live.py). A run's event needs no database: it is forwarded at once.
+    import channels.consumer
+    from channels.layers import get_channel_layer
+
+    from webapp.runs.events import run_group
+
+    run = RunFactory(state=Run.State.RUNNING)
+    headers = session_headers()
+    hops: list[str] = []
+    close_old = channels.consumer.aclose_old_connections
+
+    async def counted() -> None:
+        hops.append("hop")
+        await close_old()
+
+    monkeypatch.setattr(channels.consumer, "aclose_old_connections", counted)
+    event = {"type": "metrics", "points": [{"at": 2.0, "kind": "loss", "device": "",
+                                            "value": 0.25}], "seq": 1}
+
+    async def scenario() -> tuple[dict, int, int]:
+        page = WebsocketCommunicator(application, f"/ws/runs/{run.pk}/", headers=headers)
+        connected, _ = await page.connect()
+        assert connected
+        await page.receive_json_from(timeout=5)  # the snapshot
+        before = len(hops)
+        await get_channel_layer().group_send(run_group(run.pk),
+                                             {"type": "run.event", "event": event})
+        forwarded = await page.receive_json_from(timeout=5)
+        after = len(hops)
+        await page.disconnect()
+        return forwarded, before, after
+
+    forwarded, before, after = async_to_sync(scenario)()
+    assert forwarded == event
+    assert before >= 1 and after == before  # the connection hopped; the event did not
+
+
 def test_a_delta_repeating_rows_of_the_snapshot_adds_none():
     from webapp.runs.events import snapshot_apply
 
