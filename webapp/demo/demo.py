@@ -18,9 +18,9 @@ from webapp.demo.scenario import (
     FINAL_STATES,
     DemoAgent,
     LocalTestbed,
-    When,
     chosen_plan,
 )
+from webapp.demo.triggers import When
 from webapp.runs.models import AGGREGATE_EVERY_MAX, LR_MAX, MOMENTUM_MAX
 
 HEADLESS_BATCHES = 100  # a headless demo's run, without --batches

@@ -27,7 +27,8 @@ from webapp.demo.client import DemoError
 from webapp.demo.demo import DemoOptions, run_demo, stop_run
 from webapp.demo.management.commands.demo import Command
 from webapp.demo.processes import ProcessGroup
-from webapp.demo.scenario import DEFAULT_AGENTS, DemoAgent, LocalTestbed, When, run_progress
+from webapp.demo.scenario import DEFAULT_AGENTS, DemoAgent, LocalTestbed
+from webapp.demo.triggers import When, run_progress
 from webapp.runs.models import TimelineEvent
 
 # the testbed marks the devices it supervises in the database (webapp.devices.supervision)
