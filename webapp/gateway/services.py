@@ -222,8 +222,9 @@ def _events_together(device_id: int, batches: list[Events]) -> list[Answer]:
             fresh = [b for b in batches if member is None or member.events_stream != b.stream
                      or (b.seq or 0) > member.events_seq]
             if fresh:
-                run_services.run_events_store(
-                    run=run, device=device, timeline=[e for b in fresh for e in b.timeline],
+                run_services.run_events_store_locked(
+                    run=run, device=device, member=member,
+                    timeline=[e for b in fresh for e in b.timeline],
                     faults=[f for b in fresh for f in b.faults],
                     metrics=[dict(p) for b in fresh for p in b.metrics],
                     stream=fresh[-1].stream, seq=fresh[-1].seq)

@@ -11,7 +11,9 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
+from django.db import connection
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 
 from tests.webapp.factories import DATA_KEY, DeviceFactory, ModelSpecFactory, RunFactory
 from webapp.asgi import application
@@ -60,6 +62,20 @@ def test_batches_stored_together_are_each_answered_and_stored_once() -> None:
     stored = TimelineEvent.objects.filter(run=run).values_list("microbatch", flat=True)
     assert sorted(stored) == list(range(18))
     assert RunDevice.objects.get(run=run, device=device).events_seq == 6
+
+
+def test_batches_stored_together_read_the_devices_membership_once() -> None:
+    # the gateway locked the membership, then run_events_store locked it again: two more
+    # round trips to the database per merged batch on PostgreSQL
+    run, (device, _) = running()
+    with CaptureQueriesContext(connection) as queries:
+        answers = services.agent_events(device_id=device.pk,
+                                         messages=[batch(run, device, s) for s in (1, 2, 3)])
+    assert [a.timeline for a in answers] == [3, 3, 3]
+    reads = [q["sql"] for q in queries.captured_queries
+             if q["sql"].startswith("SELECT") and 'FROM "runs_rundevice"' in q["sql"]]
+    assert len(reads) == 1, reads
+    assert RunDevice.objects.get(run=run, device=device).events_seq == 3
 
 
 def test_a_bad_batch_among_them_is_refused_alone() -> None:

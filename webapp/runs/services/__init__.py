@@ -10,6 +10,7 @@ from webapp.runs.services.ingest import (
     fault_events_store,
     metric_points_store,
     run_events_store,
+    run_events_store_locked,
     run_member_lock,
     timeline_events_store,
 )
@@ -34,7 +35,8 @@ from webapp.runs.services.planning import (
 __all__ = [
     "ACTIVE_DEVICE", "TrainingProgress", "fault_events_store", "metric_points_store",
     "plan_compute", "plans_requeue_unfinished", "plans_watch", "run_create",
-    "run_events_store", "run_member_lock", "run_pause", "run_plan", "run_stage_done",
-    "run_stage_failed", "run_stage_ready", "run_start", "run_stop", "run_transition",
-    "runs_fail_stalled", "spec_fields", "stage_specs", "timeline_events_store",
+    "run_events_store", "run_events_store_locked", "run_member_lock", "run_pause",
+    "run_plan", "run_stage_done", "run_stage_failed", "run_stage_ready", "run_start",
+    "run_stop", "run_transition", "runs_fail_stalled", "spec_fields", "stage_specs",
+    "timeline_events_store",
 ]

@@ -153,14 +153,31 @@ def run_events_store(*, run: Run, device: Device, timeline: Sequence[Any] = (),
     fault events and metric points. Validated whole before anything is stored (metric points
     one by one). A batch numbered ``seq`` in the agent's ``stream`` is stored once: the
     same batch again (sent anew after a reconnect) stores nothing."""
-    if run.state not in ACTIVE:
-        raise Conflict(f"run {run.pk} is {run.state}: it takes events only while "
-                       f"{', '.join(sorted(ACTIVE))}", state=run.state, action="report events")
+    _check_active(run)
     member = None
     if stream is not None and seq is not None:
         member = run_member_lock(run=run, device=device)
         if member is not None and member.events_stream == stream and seq <= member.events_seq:
             return {"timeline": 0, "faults": 0, "metrics": 0, "refused": []}
+    return run_events_store_locked(run=run, device=device, member=member, timeline=timeline,
+                                   faults=faults, metrics=metrics, stream=stream, seq=seq)
+
+
+def _check_active(run: Run) -> None:
+    if run.state not in ACTIVE:
+        raise Conflict(f"run {run.pk} is {run.state}: it takes events only while "
+                       f"{', '.join(sorted(ACTIVE))}", state=run.state, action="report events")
+
+
+def run_events_store_locked(*, run: Run, device: Device, member: RunDevice | None,
+                            timeline: Sequence[Any] = (), faults: Sequence[Any] = (),
+                            metrics: Sequence[dict[str, Any]] = (), stream: str | None = None,
+                            seq: int | None = None) -> dict[str, Any]:
+    """(In a transaction.) :func:`run_events_store` for a caller that holds the device's
+    membership locked already (``member``, from :func:`run_member_lock`) and has skipped what
+    it stored before: the gateway, which merges an agent's queued batches. Locking it again
+    cost two more round trips to the database per batch on PostgreSQL."""
+    _check_active(run)
     records = _parsed(timeline, "timeline", parse_event, run)
     for i, record in enumerate(records):
         if record.device != device.uid:
