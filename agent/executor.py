@@ -76,6 +76,7 @@ from agent.wire import Message, encode_message
 from orchestrator.events import TimelineEvent
 from orchestrator.formats import LayerTimes, synchronous
 from orchestrator.protocol import ProtocolError, StageSpec
+from orchestrator.protocol.stagespec import TURN_KINDS
 from orchestrator.schedule import Action, ForwardGate, reference_version
 
 __all__ = ["Clock", "FixedCosts", "Metric", "StageError", "StageExecutor", "StageResult",
@@ -223,7 +224,7 @@ class StageExecutor(Sharing):
         # (first, last) within the stage, in the order the pass runs them
         self.parts = {kind: [(a - spec.layers[0], e - spec.layers[0])
                              for p, k, _, a, e in spec.turns if (p, k) == (spec.pipeline, kind)]
-                      for kind in ("forward", "backward")}
+                      for kind in TURN_KINDS}
         self.layered = any(len(parts) > 1 for parts in self.parts.values())
         self.param_layers = (layers_of_parameters(module, [owner for owner, _ in self.slots])
                              if self.layered else [])

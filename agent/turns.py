@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-KINDS = ("forward", "backward")
+from orchestrator.protocol.stagespec import TURN_KINDS
 
 
 class TurnError(RuntimeError):
@@ -46,7 +46,7 @@ class Turnstile:
         if not order or len({(t.pipeline, t.kind, t.microbatches) for t in order}) != len(seen):
             raise TurnError("an order names at least one task, and each pipeline's micro-batch "
                             "count once")
-        if any(t.kind not in KINDS or t.microbatches < 1 for t in order):
+        if any(t.kind not in TURN_KINDS or t.microbatches < 1 for t in order):
             raise TurnError("an order's tasks are forward or backward passes of pipelines "
                             "that train at least one micro-batch")
         self.order = tuple(order)

@@ -24,6 +24,7 @@ from orchestrator.protocol.fields import (
 from orchestrator.schedule import MAX_MICROBATCHES, Schedule, build_schedule
 
 MAX_TURNS = 16 * MAX_PIPELINES  # a device's turns of one micro-batch, preempted parts too
+TURN_KINDS = ("forward", "backward")  # the passes a device's turns order
 SHARD_SPLITS = ("iid", "label-skew")  # how a run's training set is cut among pipelines
 
 
@@ -344,13 +345,13 @@ def check_turns(spec: StageSpec) -> None:
     micro-batch a batch."""
     counts: dict[tuple[int, str], set[int]] = {}
     for p, kind, n, first, last in spec.turns:
-        if kind not in ("forward", "backward") or n < 1 or not 0 <= first <= last:
+        if kind not in TURN_KINDS or n < 1 or not 0 <= first <= last:
             raise fail("turns", "each is (pipeline, forward or backward, micro-batches, first "
                        "layer, last layer)", [p, kind, n, first, last])
         counts.setdefault((p, kind), set()).add(n)
     if any(len(n) > 1 for n in counts.values()):
         raise fail("turns", "name one micro-batch count for each pipeline's pass")
-    for kind in ("forward", "backward"):
+    for kind in TURN_KINDS:
         parts = [(first, last) for p, k, _, first, last in spec.turns
                  if (p, k) == (spec.pipeline, kind)]
         if kind == "backward":
