@@ -185,7 +185,8 @@ class Launcher:
                                 args=(deployment.key,))
         timer.daemon = True
         timer.start()
-        return Ack.to(command, generation=spec.generation)
+        return Ack.to(command, generation=spec.generation, pipeline=spec.pipeline,
+                      stage=spec.stage)
 
     def _protect(self, spec: StageSpec, executor: StageExecutor) -> None:
         """Keep the restored weights at the resume point, and (its group's first device, when
@@ -240,12 +241,14 @@ class Launcher:
             if not deployment.stop.is_set():
                 log.error("run %s failed: %s", spec.run, exc)
                 self.connection.post(StageFailed(run=spec.run, error=str(exc)[:4000],
-                                                 generation=spec.generation))
+                                                 generation=spec.generation,
+                                                 pipeline=spec.pipeline, stage=spec.stage))
         else:
             self.reporter.flush()
             if not deployment.stop.is_set():
                 self.connection.post(StageDone(
-                    run=spec.run, generation=spec.generation, forwards=len(result.forwards),
+                    run=spec.run, generation=spec.generation, pipeline=spec.pipeline,
+                    stage=spec.stage, forwards=len(result.forwards),
                     backwards=len(result.backwards), updates=result.updates,
                     applied_from=spec.first_microbatch, updated=tuple(result.updated),
                     **measured_costs(deployment)))

@@ -13,6 +13,8 @@ from orchestrator.protocol.fields import (
     MAX_EVENTS,
     MAX_NAME,
     MAX_PEERS,
+    MAX_PIPELINES,
+    MAX_STAGES,
     MAX_TEXT,
     ProtocolError,
     address,
@@ -123,6 +125,9 @@ class Ack(Message):
     applied: int | None = wire(integer(), None)
     holds: bool | None = wire(flag(), None)
     slowdown: float | None = wire(number(minimum=1, maximum=1000), None)
+    # a deploy's stage (a device may hold several stages of a run: split learning)
+    pipeline: int | None = wire(integer(maximum=MAX_PIPELINES), None)
+    stage: int | None = wire(integer(maximum=MAX_STAGES), None)
 
     @classmethod
     def to(cls, command: Command, **fields: Any) -> Ack:
@@ -146,6 +151,8 @@ class StageDone(Message):
     overhead_s: float | None = wire(seconds(10), None)
     message_s: float | None = wire(seconds(10), None)
     pass_overhead_s: float | None = wire(seconds(10), None)
+    pipeline: int | None = wire(integer(maximum=MAX_PIPELINES), None)
+    stage: int | None = wire(integer(maximum=MAX_STAGES), None)
 
     def check(self) -> None:
         if self.pass_overhead_s is not None and (
@@ -160,6 +167,8 @@ class StageFailed(Message):
     run: int = wire(integer())
     error: str = wire(text(maximum=MAX_TEXT))
     generation: int | None = wire(integer(), None)
+    pipeline: int | None = wire(integer(maximum=MAX_PIPELINES), None)
+    stage: int | None = wire(integer(maximum=MAX_STAGES), None)
 
 
 @dataclass(frozen=True, kw_only=True)

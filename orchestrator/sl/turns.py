@@ -16,6 +16,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
+from orchestrator.cost import CostModel
+from orchestrator.runplan import RunPlan
 from orchestrator.sl.formats import Instance, Schedule
 from orchestrator.sl.runtime import HelperTask, helper_task_order
 
@@ -87,3 +91,24 @@ def helper_turns(*, instance: Instance, schedule: Schedule, helper: int,
             turns.append(HelperTurn(client=task.client, kind=task.kind, layers=layers,
                                     start=task.segments[segment][0]))
     return tuple(sorted(turns, key=lambda t: t.start))
+
+
+def run_turns(*, cm: CostModel, instance: Instance, schedule: Schedule, run_plan: RunPlan,
+              helpers: Sequence[str]) -> dict[str, tuple[tuple[int, str, int, int, int], ...]]:
+    """Each helper's turns as its stage specs carry them, by device id: (client's pipeline,
+    kind, that pipeline's micro-batches, first layer, last layer), a preempted task cut by
+    the helper's own layer times in the cost model. ``run_plan`` is the schedule's
+    (runtime.split_run_plan: pipeline j is client j's, stage 1 its part-2)."""
+    parts2 = [plan.stages[1].layers for plan in run_plan.pipelines]
+    out = {}
+    for i, helper in enumerate(helpers):
+        d = cm.index(helper)
+        order = helper_turns(
+            instance=instance, schedule=schedule, helper=i, parts2=parts2,
+            forward_s=[float(t) for t in np.diff(cm.fwd_prefix[d])],
+            backward_s=[float(t) for t in np.diff(cm.bwd_prefix[d])],
+            switch_slots=schedule.switch_slots[i] if schedule.switch_slots else 0)
+        if order:
+            out[helper] = tuple((t.client, t.kind, run_plan.microbatches[t.client], *t.layers)
+                                for t in order)
+    return out

@@ -95,8 +95,9 @@ def test_a_session_says_hello_syncs_its_clock_and_answers_commands() -> None:
                      "holds": False}
     assert teleport["ok"] is False and "unknown command 'teleport'" in teleport["error"]
     assert deploy["ok"] is False and "no data-plane address for neighbour" in deploy["error"]
+    # the ack names the stage (a device may hold several of a run: split learning)
     assert deployed == {"type": "ack", "id": "d2", "command": "deploy", "run": 7, "ok": True,
-                        "generation": 0}
+                        "generation": 0, "pipeline": 0, "stage": 0}
 
 
 def test_what_was_posted_while_disconnected_is_sent_after_reconnecting() -> None:

@@ -23,7 +23,7 @@ from webapp.runs.models import Plan, Run
 from webapp.runs.models import TimelineEvent as TimelineRow
 from webapp.runs.selectors import plan_list, run_devices, run_faults
 
-_FIELDS = ("device", "stage", "kind", "microbatch", "version", "start", "end", "bytes")
+_FIELDS = ("device", "stage", "kind", "microbatch", "version", "start", "end", "bytes", "pipeline")
 
 
 def _plan_row(plan: Plan, *, names: dict[str, str], chosen: bool) -> PlanSummary:
@@ -54,7 +54,8 @@ def _planned(run: Run, events: tuple[TimelineEvent, ...]) -> tuple[TimelineEvent
         ghost = plan_ghost_timeline(run=run, plan=plan, start_s=start_s, end_s=window.end_s)
     except Conflict:
         return ()
-    return tuple(TimelineEvent(**{k: e[k] for k in ("run", *_FIELDS)}) for e in ghost["events"])
+    return tuple(TimelineEvent(**{k: e[k] for k in ("run", *_FIELDS) if k in e})
+                 for e in ghost["events"])
 
 
 def run_report_record(*, run: Run) -> RunRecord:

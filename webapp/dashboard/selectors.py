@@ -468,13 +468,14 @@ class ChromeTrace:
     def events(self) -> Iterator[dict[str, Any]]:
         rows = (TimelineRow.objects.filter(run=self.run).order_by("start", "id")
                 .values_list("device", "stage", "kind", "microbatch", "version", "start", "end",
-                             "bytes"))
-        for device, stage, kind, mb, version, start, end, size in rows.iterator(TRACE_CHUNK):
+                             "bytes", "pipeline"))
+        for device, stage, kind, mb, version, start, end, size, pipeline in rows.iterator(
+                TRACE_CHUNK):
             pid = self.pid(device)
             yield {"name": f"{kind} {mb}", "cat": kind, "ph": "X", "ts": _us(start),
                    "dur": _us(end - start), "pid": pid, "tid": self.tid(pid, kind, start, end),
                    "args": {"stage": stage, "microbatch": mb, "version": version,
-                            "bytes": size}}
+                            "bytes": size, **({"pipeline": pipeline} if pipeline else {})}}
         for at, kind, device, detail in (FaultEvent.objects.filter(run=self.run)
                                          .order_by("at", "id")
                                          .values_list("at", "kind", "device", "detail")):

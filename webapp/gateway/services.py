@@ -243,10 +243,12 @@ def _ack(device: Device, message: Ack) -> Reply:
     if command == DeployCommand.NAME:
         run = _run_of(device, _ack_run(message))
         if message.ok:
-            run_services.run_stage_ready(run=run, device=device, generation=generation)
+            run_services.run_stage_ready(run=run, device=device, generation=generation,
+                                         pipeline=message.pipeline, stage=message.stage)
         else:
             run_services.run_stage_failed(run=run, device=device, generation=generation,
-                                          error=error or "the agent refused its stage")
+                                          error=error or "the agent refused its stage",
+                                          pipeline=message.pipeline, stage=message.stage)
     elif command == HaltCommand.NAME and message.ok:
         recovery.run_stage_halted(run=_run_of(device, _ack_run(message)), device=device,
                                   generation=generation,
@@ -271,7 +273,8 @@ def _ack_run(message: Ack) -> int:
 
 def _stage_done(device: Device, message: StageDone) -> Reply:
     run = _run_of(device, message.run)
-    run_services.run_stage_done(run=run, device=device, generation=message.generation)
+    run_services.run_stage_done(run=run, device=device, generation=message.generation,
+                                pipeline=message.pipeline, stage=message.stage)
     if message.overhead_s is not None:  # what the stage measured, for later plans
         device_services.profile_costs_measured(
             device=device, model_spec=run.model_spec, overhead_s=message.overhead_s,
@@ -281,7 +284,8 @@ def _stage_done(device: Device, message: StageDone) -> Reply:
 
 def _stage_failed(device: Device, message: StageFailed) -> Reply:
     run_services.run_stage_failed(run=_run_of(device, message.run), device=device,
-                                  error=message.error, generation=message.generation)
+                                  error=message.error, generation=message.generation,
+                                  pipeline=message.pipeline, stage=message.stage)
     return None
 
 

@@ -17,6 +17,7 @@ LR_MAX = 100.0  # a run's SGD learning rate is above 0 and at most this
 MOMENTUM_MAX = 0.999  # a run's SGD momentum is from 0 to this (at 1 the buffers never decay)
 RECOVERY_POLICIES = ("replan", "respipe")  # what a run does after a failure (recovery_policy)
 AGGREGATE_EVERY_MAX = 1000  # a run's aggregate_every is from 0 (off) to this
+RUN_KINDS = ("pipeline", "split")  # one pipeline of stages, or parallel split learning
 
 
 class Run(models.Model):
@@ -26,6 +27,15 @@ class Run(models.Model):
     State = RunState
 
     name = models.CharField(max_length=100)
+    kind = models.CharField(
+        max_length=16, choices=[(k, k) for k in RUN_KINDS], default="pipeline",
+        help_text="pipeline: the devices train one pipeline (algorithms are pipeline "
+                  "planners); split: parallel split learning, its clients and helpers in "
+                  "``split`` (algorithms are split-learning methods)")
+    split = models.JSONField(
+        default=dict, blank=True,
+        help_text="a split run's settings (webapp.runs.split.SplitSettings): clients, "
+                  "helpers, cuts, slot_ms, shard_split, time_limit_s, switch_slots")
     model_spec = models.ForeignKey(ModelSpec, on_delete=models.PROTECT, related_name="runs")
     devices = models.ManyToManyField(Device, through="RunDevice", related_name="runs")
     algorithms = models.JSONField(help_text="planner names (orchestrator.partition.PLANNERS)")
@@ -128,6 +138,10 @@ class RunDevice(models.Model):
     stage_state = models.CharField(max_length=16, choices=StageState.choices,
                                    default=StageState.IDLE)
     stage_error = models.TextField(blank=True)
+    parts = models.JSONField(
+        default=list, blank=True,
+        help_text="a device holding several stages of the run (split learning): each "
+                  "{pipeline, stage, state}; its stage_state sums them up. Empty otherwise")
     holdings = models.JSONField(
         default=list, blank=True,
         help_text="what the halted agent reported holding: [{layers [a, e], applied, kind}]")
@@ -277,6 +291,7 @@ class TimelineEvent(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="timeline_events")
     device = models.CharField(max_length=64)
     stage = models.PositiveIntegerField()
+    pipeline = models.PositiveIntegerField(default=0, help_text="which of the run's pipelines")
     kind = models.CharField(max_length=16, choices=[(k, k) for k in EVENT_KINDS])
     microbatch = models.PositiveIntegerField()
     version = models.PositiveIntegerField()

@@ -190,7 +190,8 @@ def fault_order(f: dict[str, Any]) -> tuple[Any, ...]:
 def timeline_json(row: TimelineEvent) -> dict[str, Any]:
     return {"run": row.run_id, "device": row.device, "stage": row.stage, "kind": row.kind,
             "microbatch": row.microbatch, "version": row.version, "start": row.start,
-            "end": row.end, "bytes": row.bytes}
+            "end": row.end, "bytes": row.bytes, **({"pipeline": row.pipeline} if row.pipeline
+                                                   else {})}
 
 
 def metric_json(row: MetricPoint) -> dict[str, Any]:
@@ -202,7 +203,8 @@ def fault_json(row: FaultEvent) -> dict[str, Any]:
             "detail": row.detail}
 
 
-_TIMELINE_FIELDS = ("device", "stage", "kind", "microbatch", "version", "start", "end", "bytes")
+_TIMELINE_FIELDS = ("device", "stage", "kind", "microbatch", "version", "start", "end", "bytes",
+                    "pipeline")
 
 
 def _timeline_window_json(run: Run, window_s: float, *, newest_n: int | None = None
@@ -226,7 +228,13 @@ def _timeline_rows_json(run: Run, events: QuerySet[TimelineEvent]) -> list[dict[
     """``events`` as timeline_json gives them, read as plain rows (a model instance per row
     cost three quarters of reading a run's events back)."""
     rows = events.values_list(*_TIMELINE_FIELDS)
-    return [{"run": run.pk, **dict(zip(_TIMELINE_FIELDS, row, strict=True))} for row in rows]
+    out = []
+    for row in rows:
+        event = {"run": run.pk, **dict(zip(_TIMELINE_FIELDS, row, strict=True))}
+        if not event["pipeline"]:  # as the agents send it (orchestrator.events)
+            del event["pipeline"]
+        out.append(event)
+    return out
 
 
 def newest_events(events: Sequence[dict[str, Any]], limit: int) -> list[dict[str, Any]]:

@@ -16,6 +16,10 @@ class RunDeviceOutput(serializers.Serializer):
 class RunOutput(serializers.Serializer):
     id = serializers.IntegerField()
     name = serializers.CharField()
+    kind = serializers.CharField(help_text="pipeline, or split (parallel split learning)")
+    split = serializers.JSONField(help_text="a split run's clients, helpers (device uids), "
+                                            "cuts, slot_ms, shard_split, time_limit_s, "
+                                            "switch_slots, seed; {} for a pipeline run")
     model_spec = serializers.IntegerField(source="model_spec_id")
     devices = RunDeviceOutput(source="run_devices", many=True)
     algorithms = serializers.ListField(child=serializers.CharField())

@@ -92,7 +92,16 @@ def lose(run: Run, lost: Sequence[RunDevice], *, reason: str, detected_by: str,
           cause: str = "failure", decision: dict[str, Any] | None = None) -> Run:
     """With the run locked: mark ``lost`` and (re)start its recovery; every other staged
     device halts and reports what it holds. A dynamic re-partition is a recovery that lost
-    nobody."""
+    nobody. A split run does not recover (yet): it fails, naming the devices lost."""
+    if run.kind == "split":
+        for rd in lost:
+            rd.stage_state = S.LOST
+            rd.save(update_fields=["stage_state"])
+            control_event(run, "device_lost", device=rd.device.uid,
+                          detail={"reason": reason, "detected_by": detected_by})
+        names = ", ".join(f"{rd.device.name!r} ({rd.device.uid})" for rd in lost)
+        return fail_run(run, f"lost {names} ({reason}); a split run does not re-plan around "
+                             "a lost device yet: start it again on the devices left")
     ongoing = Recovery.from_json(run.recovery) if run.state == RunState.RECOVERING else None
     if ongoing is None:
         deployment = replace(Deployment.from_json(run.deployment),

@@ -10,6 +10,7 @@ from typing import Any
 from django.utils import timezone
 
 from orchestrator.events import FaultEvent as FaultRecord
+from webapp.common.exceptions import InvalidInput
 from webapp.devices.commands import command_build, device_command_send
 from webapp.devices.models import Device
 from webapp.runs import events, selectors
@@ -80,6 +81,26 @@ def control_event(run: Run, kind: str, *, device: str = "",
 def staged_devices(run: Run) -> list[RunDevice]:
     return list(RunDevice.objects.filter(run=run, stage__isnull=False)
                 .select_related("device").order_by("stage", "position"))
+
+
+def part_reached(rd: RunDevice, *, pipeline: int | None, stage: int | None, target: str,
+                 source: tuple[str, ...] | None = None) -> bool:
+    """For a device holding several stages of its run (``rd.parts``; lock its row first):
+    move the one of ``pipeline`` and ``stage`` to ``target`` (from ``source`` only, when
+    given) and save; whether every one of them is then at ``target``. A report that names
+    none of its stages is InvalidInput; one that does not name the stage, when the device
+    holds several, too."""
+    if pipeline is None and stage is None and len(rd.parts) == 1:
+        pipeline, stage = rd.parts[0]["pipeline"], rd.parts[0]["stage"]
+    found = next((p for p in rd.parts if (p["pipeline"], p["stage"]) == (pipeline, stage)),
+                 None)
+    if found is None:
+        raise InvalidInput("stage", f"device {rd.device.uid} holds no stage {stage} of "
+                                    f"pipeline {pipeline} in run {rd.run_id}")
+    if source is None or found["state"] in source:
+        found["state"] = target
+        rd.save(update_fields=["parts"])
+    return all(p["state"] == target for p in rd.parts)
 
 
 def command_all_stages(run: Run, name: str, **fields: Any) -> None:

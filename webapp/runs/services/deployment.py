@@ -9,7 +9,7 @@ from orchestrator.cost import CostModel, build_cost_model
 from orchestrator.errors import FormatError, PlanningError
 from orchestrator.formats import Plan as PlanDocument
 from orchestrator.formats import parse_plan, synchronous
-from orchestrator.protocol import StageSpec
+from orchestrator.protocol import ProtocolError, StageSpec
 from orchestrator.simulator import schedule_inputs
 from webapp.devices.commands import command_build, device_command_send
 from webapp.devices.services import data_peers
@@ -23,6 +23,7 @@ from webapp.runs.services.control import (
     ACTIVE_DEVICE,
     fail_run,
 )
+from webapp.runs.services.split import split_stage_specs
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +67,24 @@ def spec_fields(*, run: Run, document: PlanDocument, cm: CostModel) -> dict[str,
             for k, stage in enumerate(document.stages) for uid in stage.devices}
 
 
+def _plan_specs(run: Run, plan: Plan) -> dict[str, list[StageSpec]]:
+    """What each device of ``plan`` runs, by device uid: one stage, or (a split run) every
+    stage it holds in any pipeline."""
+    if run.kind == "split":
+        held: dict[str, list[StageSpec]] = {}
+        for spec in split_stage_specs(run=run, document=plan.document):
+            held.setdefault(spec.device, []).append(spec)
+        return held
+    return {uid: [spec] for uid, spec in stage_specs(run=run, plan=plan).items()}
+
+
 def deploy_plan(run: Run, plan: Plan) -> Run:
-    """Send every device of ``plan`` its stage; a device that cannot take it fails the run."""
+    """Send every device of ``plan`` its stages; a device that cannot take them fails the
+    run. A device of a split run is told each of its stages in a deploy of its own, and its
+    ``parts`` follow each one's answer."""
     try:
-        specs = stage_specs(run=run, plan=plan)
-    except (PlanningError, FormatError) as exc:
+        specs = _plan_specs(run, plan)
+    except (PlanningError, FormatError, ProtocolError) as exc:
         return fail_run(run, f"the {plan.algorithm} plan cannot be deployed: {exc}")
     run_devices = {rd.device.uid: rd for rd in RunDevice.objects.filter(run=run)
                    .select_related("device")}
@@ -87,13 +101,16 @@ def deploy_plan(run: Run, plan: Plan) -> Run:
     # from any of them, and each admits only the keys it was given
     peers, keys = data_peers([rd.device for rd in run_devices.values()])
     for uid, rd in run_devices.items():
-        spec = specs.get(uid)
-        rd.stage = None if spec is None else spec.stage
-        rd.stage_state = (RunDevice.StageState.IDLE if spec is None
-                          else RunDevice.StageState.DEPLOYING)
+        held = specs.get(uid, [])
+        rd.stage = held[0].stage if held else None
+        rd.stage_state = (RunDevice.StageState.DEPLOYING if held
+                          else RunDevice.StageState.IDLE)
         rd.stage_error = ""
-        rd.save(update_fields=["stage", "stage_state", "stage_error"])
-        if spec is not None:
+        rd.parts = [{"pipeline": s.pipeline, "stage": s.stage,
+                     "state": RunDevice.StageState.DEPLOYING} for s in held
+                    ] if run.kind == "split" else []
+        rd.save(update_fields=["stage", "stage_state", "stage_error", "parts"])
+        for spec in held:
             device_command_send(uid=uid, command=command_build(
                 "deploy", run=run.pk, spec=spec.to_json(), peers=peers, keys=keys))
     return run

@@ -35,12 +35,12 @@ BULK_BATCH = 2000
 
 
 # what the event tables' integer columns hold
-COLUMN_LIMITS = {"stage": 2**31 - 1, "microbatch": 2**31 - 1, "version": 2**31 - 1,
-                 "bytes": 2**63 - 1}
+COLUMN_LIMITS = {"stage": 2**31 - 1, "pipeline": 2**31 - 1, "microbatch": 2**31 - 1,
+                 "version": 2**31 - 1, "bytes": 2**63 - 1}
 
 
 TIMELINE_COLUMNS = ("run_id", "device", "stage", "kind", "microbatch", "version", "start", "end",
-                    "bytes")
+                    "bytes", "pipeline")
 
 
 METRIC_COLUMNS = ("run_id", "at", "kind", "device", "value")
@@ -55,8 +55,8 @@ def timeline_events_store(*, run: Run, records: Iterable[TimelineRecord]
     the web process's CPU, on the machine the agents train on."""
     stored = list(records)
     _insert_rows(TimelineEvent, TIMELINE_COLUMNS, [
-        (run.pk, e.device, e.stage, e.kind, e.microbatch, e.version, e.start, e.end, e.bytes)
-        for e in stored])
+        (run.pk, e.device, e.stage, e.kind, e.microbatch, e.version, e.start, e.end, e.bytes,
+         e.pipeline) for e in stored])
     return stored
 
 

@@ -35,11 +35,13 @@ from webapp.runs.services.control import (
     fail_run,
     lock_run,
     move_run,
+    part_reached,
     run_clock_origin,
     staged_devices,
 )
 from webapp.runs.services.creation import check_algorithms
 from webapp.runs.services.deployment import deploy_plan
+from webapp.runs.services.split import check_methods
 from webapp.runs.states import ACTIVE, Deployment, Recovery, RunState, check_transition
 
 log = logging.getLogger(__name__)
@@ -60,7 +62,8 @@ def run_plan(*, run: Run, algorithms: Sequence[str] | None = None) -> Run:
     """Queue planning: one plan per algorithm, each computed by a Celery task; the run is
     planning until all are computed. Plans from an earlier planning are replaced."""
     locked = lock_run(run)
-    chosen = check_algorithms(algorithms) if algorithms is not None else locked.algorithms
+    check = check_methods if locked.kind == "split" else check_algorithms
+    chosen = check(algorithms) if algorithms is not None else locked.algorithms
     check_transition(entity=f"run {locked.pk}", state=locked.state, target=RunState.PLANNING,
                      action="plan")
     locked.chosen_plan = None
@@ -149,8 +152,10 @@ def _stage_of(run: Run, device: Device) -> RunDevice:
 
 
 @transaction.atomic
-def run_stage_ready(*, run: Run, device: Device, generation: int | None = None) -> Run:
-    """An agent built its stage. When every stage is ready, all start at one time."""
+def run_stage_ready(*, run: Run, device: Device, generation: int | None = None,
+                    pipeline: int | None = None, stage: int | None = None) -> Run:
+    """An agent built its stage (of ``pipeline``, ``stage``: a device of a split run holds
+    several, and is ready once each is). When every stage is ready, all start at one time."""
     locked = lock_run(run)
     rd = _stage_of(locked, device)
     recovering = locked.state == RunState.RECOVERING
@@ -159,6 +164,10 @@ def run_stage_ready(*, run: Run, device: Device, generation: int | None = None) 
     if locked.state != RunState.STARTING and not recovering:
         return locked  # a late answer to a run that failed or was stopped meanwhile
     if rd.stage_state != RunDevice.StageState.DEPLOYING:
+        return locked
+    if rd.parts and not part_reached(rd, pipeline=pipeline, stage=stage,
+                                     target=RunDevice.StageState.READY,
+                                     source=(RunDevice.StageState.DEPLOYING,)):
         return locked
     rd.stage_state = RunDevice.StageState.READY
     rd.save(update_fields=["stage_state"])
@@ -219,29 +228,39 @@ def _stale(run: Run, generation: int | None) -> bool:
 
 
 @transaction.atomic
-def run_stage_failed(*, run: Run, device: Device, error: str,
-                     generation: int | None = None) -> Run:
+def run_stage_failed(*, run: Run, device: Device, error: str, generation: int | None = None,
+                     pipeline: int | None = None, stage: int | None = None) -> Run:
     """An agent could not deploy or run its stage: the run fails with its reason."""
     locked = lock_run(run)
     if _stale(locked, generation):
         return locked
     rd = _stage_of(locked, device)
+    where = f"stage {rd.stage if stage is None else stage}"
+    if rd.parts and (pipeline is not None or len(rd.parts) == 1):  # a refused deploy's
+        # ack may not say which of its stages it was
+        part_reached(rd, pipeline=pipeline, stage=stage, target=RunDevice.StageState.FAILED)
+        where = f"stage {stage} of pipeline {pipeline}"
     rd.stage_state = RunDevice.StageState.FAILED
     rd.stage_error = error
     rd.save(update_fields=["stage_state", "stage_error"])
     if locked.state not in ACTIVE:
         return locked
-    return fail_run(locked, f"device {device.name!r} ({device.uid}), stage {rd.stage}: {error}",
-                 device=device.uid)
+    return fail_run(locked, f"device {device.name!r} ({device.uid}), {where}: {error}",
+                    device=device.uid)
 
 
 @transaction.atomic
-def run_stage_done(*, run: Run, device: Device, generation: int | None = None) -> Run:
-    """An agent ran its stage to the end; the run finishes with its last stage."""
+def run_stage_done(*, run: Run, device: Device, generation: int | None = None,
+                   pipeline: int | None = None, stage: int | None = None) -> Run:
+    """An agent ran its stage (of ``pipeline``, ``stage``: a device of a split run is done
+    once each of its stages is) to the end; the run finishes with its last stage."""
     locked = lock_run(run)
     if _stale(locked, generation):
         return locked
     rd = _stage_of(locked, device)
+    if rd.parts and not part_reached(rd, pipeline=pipeline, stage=stage,
+                                     target=RunDevice.StageState.DONE):
+        return locked
     rd.stage_state = RunDevice.StageState.DONE
     rd.save(update_fields=["stage_state"])
     events.run_event_send(locked.pk, events.event_idle(locked))  # the throttle's last word

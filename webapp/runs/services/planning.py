@@ -31,6 +31,7 @@ from webapp.runs.services.control import (
     move_run,
 )
 from webapp.runs.services.deployment import spec_fields
+from webapp.runs.services.split import split_plan_figures
 from webapp.runs.states import RunState
 
 log = logging.getLogger(__name__)
@@ -177,6 +178,8 @@ def _plan_outcome(plan: Plan, progress: TrainingProgress | None) -> tuple[str, d
     """The plan's status and the fields to store: its figures, or why it failed. A database
     error propagates (the task retries); a crashing planner fails its plan."""
     try:
+        if plan.run.kind == "split":
+            return Plan.Status.DONE, split_plan_figures(plan)
         return Plan.Status.DONE, _plan_figures(plan, progress)
     except (PlanningError, FormatError, ValueError) as exc:
         return Plan.Status.FAILED, {"error": str(exc)}
