@@ -58,6 +58,9 @@ RUN_END_GRACE_S = 300.0
 # a resumed generation waits this long at most for the server to take its weights at the
 # resume point before it says it is ready (it goes on without, logging that it did)
 PROTECT_WAIT_S = 30.0
+# a stage that ends waits this long at most for its replicas to reach the server before it
+# says it is done (the last round's aggregated model of a split run, say)
+UPLOADS_WAIT_S = 30.0
 
 
 def reads_data(spec: StageSpec) -> bool:
@@ -245,6 +248,10 @@ class Launcher:
                                                  pipeline=spec.pipeline, stage=spec.stage))
         else:
             self.reporter.flush()
+            if spec.global_every and not self.weights.uploads_sent(spec.run,
+                                                                   wait_s=UPLOADS_WAIT_S):
+                log.warning("run %s: replicas still on their way to the server after %g s",
+                            spec.run, UPLOADS_WAIT_S)
             if not deployment.stop.is_set():
                 self.connection.post(StageDone(
                     run=spec.run, generation=spec.generation, pipeline=spec.pipeline,

@@ -156,6 +156,7 @@ class WeightService:
         self._uploads: deque[_Upload] = deque()
         self._uploads_waiting = threading.Condition()
         self._uploader: threading.Thread | None = None
+        self._uploading: _Upload | None = None  # the one on its way now
 
     # ---- what is kept
 
@@ -325,15 +326,30 @@ class WeightService:
                 if not self._uploads:
                     self._uploads_waiting.wait(0.5)
                     continue
-                item = self._uploads.popleft()
+                item = self._uploading = self._uploads.popleft()
             try:
                 self.server.put(item.run, item.first, item.last, item.applied, item.data)
                 item.taken = True
             except (OSError, ValueError) as exc:
                 log.warning("the server did not take the replica of layers %s..%s: %s",
                             item.first, item.last, exc)
+            finally:
+                with self._uploads_waiting:
+                    self._uploading = None
+                    self._uploads_waiting.notify_all()
             if item.done is not None:
                 item.done.set()
+
+    def uploads_sent(self, run: int, *, wait_s: float) -> bool:
+        """Wait until no replica of ``run`` is queued or on its way (a stage that ends sends
+        its last one before it says it is done: a finished run takes none); whether that
+        happened within ``wait_s``."""
+        def pending() -> bool:
+            return (any(item.run == run for item in self._uploads)
+                    or (self._uploading is not None and self._uploading.run == run))
+
+        with self._uploads_waiting:
+            return self._uploads_waiting.wait_for(lambda: not pending(), timeout=wait_s)
 
     # ---- answering peers
 

@@ -26,7 +26,7 @@ EVENT_KINDS = ("forward", "backward", "send", "recv", "update", "replicate", "ag
 COMPUTE_KINDS = ("forward", "backward", "update", "aggregate")
 FAULT_KINDS = ("device_lost", "device_joined", "recovery_started", "repartitioned",
                "repartition_skipped", "weights_redistributed", "recovered", "run_started",
-               "run_paused", "run_finished", "run_failed")
+               "run_paused", "run_finished", "run_failed", "round_evaluated")
 
 
 @dataclass(frozen=True)

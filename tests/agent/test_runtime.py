@@ -97,7 +97,7 @@ def test_a_deployed_stage_is_held_until_stopped(runtime: AgentRuntime) -> None:
                                          peers={"edge-other": "tcp://127.0.0.1:9"},
                                    keys={"edge-other": KEY}))
     assert ack.to_json() == {"type": "ack", "id": "c1", "command": "deploy", "run": 7,
-                             "ok": True, "generation": 0}
+                             "ok": True, "generation": 0, "pipeline": 0, "stage": 0}
     assert 7 in runtime.deployments
     again = runtime.handle_command(command("deploy", run=7, spec=spec(),
                                            peers={"edge-other": "tcp://127.0.0.1:9"},

@@ -39,6 +39,7 @@ from webapp.runs.models import (
     Run,
 )
 from webapp.runs.serializers import PlanDetailOutput, RunOutput
+from webapp.runs.services.split_rounds import split_round_stored
 
 MAX_EVENTS = 20000
 
@@ -386,6 +387,7 @@ class AgentRunReplicasApi(AgentApi):
         query = self._query(request)
         data = _body(request, limit=settings.REPLICA_MAX_BYTES)
         replica = replicas.replica_store(run=run, device=request.auth, data=data, **query)
+        split_round_stored(run=run, applied=replica.applied)
         return Response({"id": replica.pk, "bytes": replica.bytes, "sha256": replica.sha256},
                         status=status.HTTP_201_CREATED)
 

@@ -330,6 +330,8 @@ class MetricPoint(models.Model):
         NETWORK_BPS = "network_bps"
         LOSS = "loss"
         ACCURACY = "accuracy"
+        # a split run's aggregated model on the held-out set, once a round (split_rounds)
+        TEST_ACCURACY = "test_accuracy"
         IDLE_FRACTION = "idle_fraction"
         # the device's system figures (orchestrator.protocol.SYSTEM_METRICS; agent.system)
         CPU_PCT = "cpu_pct"

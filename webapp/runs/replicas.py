@@ -103,7 +103,13 @@ def _current_plans(run: Run) -> list[dict[str, Any]]:
 
 
 def _stages(document: dict[str, Any]) -> list[tuple[int, int, tuple[str, ...]]]:
-    """``(first, last, device uids)`` of each stage of a stored plan document."""
+    """``(first, last, device uids)`` of each stage of a stored plan document (of a split
+    plan: of its run plan's pipelines)."""
+    if document.get("kind") == "split":
+        run_plan = document.get("run_plan")
+        pipelines = run_plan.get("pipelines") if isinstance(run_plan, dict) else None
+        return [stage for pipeline in pipelines if isinstance(pipeline, dict)
+                for stage in _stages(pipeline)] if isinstance(pipelines, list) else []
     stages = document.get("stages")
     out = []
     for stage in stages if isinstance(stages, list) else ():

@@ -12,6 +12,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
 from webapp.runs import recovery, services
+from webapp.runs.services import split_rounds
 
 
 @shared_task(bind=True, acks_late=True, reject_on_worker_lost=True,
@@ -40,3 +41,11 @@ def probe_verdict(run_id: int) -> list[str]:
     """A probe's countdown ran out: the devices that did not answer are lost (see
     :func:`webapp.runs.recovery.probe_verdict`)."""
     return recovery.probe_verdict(run_id)
+
+
+@shared_task(autoretry_for=(OperationalError, InterfaceError), retry_backoff=True,
+             max_retries=5)
+def split_round_evaluate(run_id: int, applied: int) -> float | None:
+    """A split run's round ended at ``applied``: its aggregated model's held-out accuracy
+    (see :func:`webapp.runs.services.split_rounds.split_round_evaluate`)."""
+    return split_rounds.split_round_evaluate(run_id=run_id, applied=applied)

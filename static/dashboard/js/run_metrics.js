@@ -67,6 +67,16 @@
     });
   }
 
+  /* a split run's aggregated model on the held-out set, one point a round */
+  function roundTraces(groups) {
+    return lineTraces(groups, "held-out accuracy (each round's FedAvg)", "y2").map(function (t) {
+      t.mode = "lines+markers";
+      t.marker = { size: 8, symbol: "diamond" };
+      t.line.color = "#15803d";
+      return t;
+    });
+  }
+
   function metricLayout(left, right) {
     return {
       height: 280, font: EP.plotFont, margin: { l: 60, r: 60, t: 8, b: 44 },
@@ -141,7 +151,8 @@
     $("throughput").hidden = speed.length === 0;
     if (speed.length) Plotly.react($("throughput"), speed, metricLayout("samples/s", "network MB/s"), EP.plotConfig);
     const learning = lineTraces(series(points, "loss", 1), "loss", "y")
-      .concat(lineTraces(series(points, "accuracy", 1), "accuracy", "y2", "dot"));
+      .concat(lineTraces(series(points, "accuracy", 1), "accuracy", "y2", "dot"))
+      .concat(roundTraces(series(points, "test_accuracy", 1)));
     $("training-empty").hidden = learning.length > 0;
     $("training").hidden = learning.length === 0;
     if (learning.length) {

@@ -13,6 +13,7 @@ client's two, a helper's one per client) through orchestrator.runspecs.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -176,5 +177,10 @@ def split_stage_specs(*, run: Run, document: dict[str, Any]) -> tuple[StageSpec,
     shared = {"run": run.pk, "model": spec.model, "dataset": spec.dataset,
               "batch_size": spec.batch_size, "lr": run.lr, "momentum": run.momentum,
               "seed": run.pk}
-    return run_plan_specs(run_plan, shared=shared, turns=turns,
-                          shard_split=settings.shard_split)
+    specs = run_plan_specs(run_plan, shared=shared, turns=turns,
+                           shard_split=settings.shard_split)
+    # after each round's FedAvg, pipeline 0's parts (the aggregated model) go to the server,
+    # which measures the model's held-out accuracy (split_round_evaluate)
+    # (one client alone has no group: its round is the run's batches all the same)
+    return tuple(replace(s, global_every=s.round_every or run.batches) if s.pipeline == 0
+                 else s for s in specs)
