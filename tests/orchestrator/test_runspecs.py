@@ -105,3 +105,50 @@ def test_split_settings_round_trip_and_check_the_models_layers() -> None:
         settings.check_layers(4)
     with pytest.raises(ValueError, match=r"^cuts\.sigma2: must be after sigma1"):
         SplitSettings.from_json({**settings.to_json(), "cuts": {"sigma1": 2, "sigma2": 2}})
+
+
+# ------------------------------------------------------------------ planned and measured batches
+
+
+def test_a_schedules_batch_as_timeline_events_ends_at_its_makespan() -> None:
+    from orchestrator.sl.planned import batch_events
+
+    instance, schedule, _, _ = planned("exact")
+    events = batch_events(instance=instance, schedule=schedule, clients=["c0", "c1", "c2"],
+                          helpers=["h0", "h1"], run=7, microbatch=3)
+    slot = instance.slot_ms / 1000
+    assert max(e.end for e in events) == pytest.approx(schedule.makespan * slot)
+    for j in range(3):
+        mine = [e for e in events if e.pipeline == j]
+        helper = ["h0", "h1"][schedule.assignment[j]]
+        # the client's part-1 forward first, its part-1 backward last, at its completion
+        assert (mine[0].device, mine[0].stage, mine[0].kind) == (f"c{j}", 0, "forward")
+        last = max(mine, key=lambda e: e.end)
+        assert (last.stage, last.kind) == (0, "backward")
+        assert last.end == pytest.approx(schedule.completion[j] * slot)
+        # the helper's bars are the schedule's segments of this client
+        on_helper = sorted((e.kind, round(e.start / slot), round(e.end / slot))
+                           for e in mine if e.device == helper)
+        segments = sorted((kind, s.start, s.end)
+                          for kind, segs in (("forward", schedule.forward),
+                                             ("backward", schedule.backward))
+                          for s in segs if s.client == j)
+        assert on_helper == segments
+        assert {e.microbatch for e in mine} == {3} and {e.run for e in mine} == {7}
+
+
+def test_measured_makespans_span_each_batch_every_client_finished() -> None:
+    from orchestrator.events import TimelineEvent
+    from orchestrator.sl.planned import measured_makespans
+
+    def e(stage: int, kind: str, m: int, a: float, b: float, p: int) -> TimelineEvent:
+        return TimelineEvent(1, f"c{p}", stage, kind, m, 0, a, b, pipeline=p)
+
+    events = [e(0, "forward", 0, 0.0, 0.1, 0), e(0, "forward", 0, 0.2, 0.3, 1),
+              e(2, "backward", 0, 0.5, 0.6, 0),  # part-3: not the end of the batch
+              e(0, "backward", 0, 0.9, 1.0, 0), e(0, "backward", 0, 1.1, 1.4, 1),
+              e(0, "forward", 1, 1.5, 1.6, 0), e(0, "backward", 1, 1.9, 2.0, 0)]
+    # batch 1 lacks client 1's end: not counted
+    assert measured_makespans(events, clients=2) == {0: pytest.approx(1.4)}
+    assert measured_makespans(events, clients=1) == {0: pytest.approx(1.4),
+                                                     1: pytest.approx(0.5)}

@@ -14,7 +14,7 @@ from rest_framework.views import APIView
 from webapp.common.api import get_or_404
 from webapp.common.exceptions import Conflict
 from webapp.common.schema import errors
-from webapp.dashboard import selectors
+from webapp.dashboard import planned, selectors
 from webapp.runs.models import Plan, Run
 from webapp.runs.selectors import plan_list, run_list
 
@@ -54,8 +54,8 @@ class PlanLayoutsApi(APIView):
 
 class PlanTimelineApi(APIView):
     class TimelineQuery(serializers.Serializer):
-        batches = serializers.IntegerField(min_value=1, max_value=selectors.MAX_PLANNED_BATCHES,
-                                           required=False, default=selectors.PLANNED_BATCHES)
+        batches = serializers.IntegerField(min_value=1, max_value=planned.MAX_PLANNED_BATCHES,
+                                           required=False, default=planned.PLANNED_BATCHES)
 
     @extend_schema(parameters=[TimelineQuery], responses={
         200: inline_serializer("PlannedTimeline", {
@@ -69,7 +69,7 @@ class PlanTimelineApi(APIView):
     def get(self, request: Request, run_id: int, plan_id: int) -> Response:
         run = _run(run_id)
         plan = get_or_404(plan_list(run=run), plan_id, what=f"plan of run {run.pk}")
-        return Response(selectors.plan_timeline(run=run, plan=plan,
+        return Response(planned.plan_timeline(run=run, plan=plan,
                                                 **_query(self.TimelineQuery, request)))
 
 
@@ -85,9 +85,9 @@ class RunPlannedApi(APIView):
             if data["end"] < data["start"]:
                 raise serializers.ValidationError(
                     {"end": f"must not be before start ({data['start']:g})"})
-            if data["end"] - data["start"] > selectors.MAX_GHOST_SPAN_S:
+            if data["end"] - data["start"] > planned.MAX_GHOST_SPAN_S:
                 raise serializers.ValidationError(
-                    {"end": f"must be at most {selectors.MAX_GHOST_SPAN_S:g} s after start"})
+                    {"end": f"must be at most {planned.MAX_GHOST_SPAN_S:g} s after start"})
             return data
 
     @extend_schema(parameters=[PlannedQuery], responses={
@@ -108,6 +108,6 @@ class RunPlannedApi(APIView):
             raise Conflict(f"run {run.pk} is {run.state} and has no chosen plan yet",
                            state=run.state, action="show its planned timeline")
         plan: Plan = get_or_404(plan_list(run=run), plan_id, what=f"plan of run {run.pk}")
-        return Response(selectors.plan_ghost_timeline(run=run, plan=plan,
+        return Response(planned.plan_ghost_timeline(run=run, plan=plan,
                                                       start_s=query["start"],
                                                       end_s=query["end"]))

@@ -12,13 +12,8 @@ from orchestrator.report.document import report_html
 from orchestrator.report.figures import gantt_window
 from orchestrator.report.record import Metric, PlanSummary, RunRecord, plan_summary
 from webapp.common.exceptions import Conflict
-from webapp.dashboard.selectors import (
-    MAX_GHOST_SPAN_S,
-    TRACE_CHUNK,
-    plan_ghost_timeline,
-    run_device_names,
-    run_metric_rows,
-)
+from webapp.dashboard.planned import MAX_GHOST_SPAN_S, plan_ghost_timeline
+from webapp.dashboard.selectors import TRACE_CHUNK, run_device_names, run_metric_rows
 from webapp.runs.models import Plan, Run
 from webapp.runs.models import TimelineEvent as TimelineRow
 from webapp.runs.selectors import plan_list, run_devices, run_faults

@@ -187,6 +187,8 @@ def run(request: HttpRequest, run_id: int) -> HttpResponse:
             "timeline": reverse("run-timeline", args=[found.pk]),
             "stop_agent": reverse("device-stop-agent", args=[0]).replace("/0/", "/{id}/"),
             "restart_agent": reverse("device-restart-agent", args=[0]).replace("/0/", "/{id}/"),
+            "split": (reverse("split-progress", args=[found.pk]) if found.kind == "split"
+                      else None),
         },
     }
     return render(request, "dashboard/run.html", {

@@ -1,6 +1,7 @@
-"""REST endpoint for split runs: ``POST /api/runs/split/`` creates one (its clients and
-helpers, cuts and rounds); the run's other endpoints (plan, start, pause, stop, plans,
-timeline) are every run's."""
+"""REST endpoints for split runs: ``POST /api/runs/split/`` creates one (its clients and
+helpers, cuts and rounds), ``GET /api/runs/<id>/split/`` says how it trains (each batch's
+makespan against the plan, each client's progress, each round's held-out accuracy); the
+run's other endpoints (plan, start, pause, stop, plans, timeline) are every run's."""
 
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ from orchestrator.sl.settings import MAX_SLOT_MS, MAX_TIME_LIMIT_S
 from orchestrator.sl.solve import METHODS
 from webapp.common import fields
 from webapp.common.api import get_or_404, validated
+from webapp.common.exceptions import Conflict
 from webapp.common.schema import errors
 from webapp.devices.selectors import device_list, model_spec_list
 from webapp.runs import selectors
 from webapp.runs.models import LR_MAX, MOMENTUM_MAX, RUN_DEFAULTS
 from webapp.runs.serializers import RunOutput
 from webapp.runs.services.split import split_run_create
+from webapp.runs.split_selectors import split_progress
 
 
 def _devices(help_text: str) -> serializers.ListField:
@@ -70,3 +73,28 @@ class SplitRunCreateApi(APIView):
                                created_by=request.user)
         return Response(RunOutput(get_or_404(selectors.run_list(), run.pk, what="run")).data,
                         status=status.HTTP_201_CREATED)
+
+
+class SplitProgressOutput(serializers.Serializer):
+    planned_makespan_s = serializers.FloatField(
+        allow_null=True, help_text="the chosen plan's batch makespan; null before a start")
+    batches = serializers.ListField(child=serializers.DictField(), help_text=(
+        "{batch, makespan_s} of each batch every client finished: from its first part-1 "
+        "forward start to its last part-1 backward end"))
+    clients = serializers.ListField(child=serializers.DictField(), help_text=(
+        "{device, helper, batches_done, batches} of each client, in client order"))
+    round_batches = serializers.IntegerField(help_text="batches of every client a round")
+    rounds = serializers.ListField(child=serializers.DictField(), help_text=(
+        "{round, applied, accuracy, samples, at} of each round evaluated: the aggregated "
+        "model's accuracy on the held-out set"))
+
+
+class SplitProgressApi(APIView):
+    @extend_schema(responses={200: SplitProgressOutput, **errors(
+        401, 404, 409, conflict="The run is not a split run.")})
+    def get(self, request: Request, run_id: int) -> Response:
+        run = get_or_404(selectors.run_list(), run_id, what="run")
+        if run.kind != "split":
+            raise Conflict(f"run {run.pk} is a {run.kind} run, not a split run",
+                           state=run.state, action="show split-learning progress")
+        return Response(split_progress(run=run))

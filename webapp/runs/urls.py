@@ -10,6 +10,8 @@ urlpatterns = [
     path("runs/<int:run_id>/start/", apis.RunStartApi.as_view(), name="run-start"),
     path("runs/<int:run_id>/pause/", apis.RunPauseApi.as_view(), name="run-pause"),
     path("runs/<int:run_id>/stop/", apis.RunStopApi.as_view(), name="run-stop"),
+    path("runs/<int:run_id>/split/", split_apis.SplitProgressApi.as_view(),
+         name="split-progress"),
     path("runs/<int:run_id>/timeline/", apis.RunTimelineApi.as_view(), name="run-timeline"),
     path("runs/<int:run_id>/plans/", apis.PlanListApi.as_view(), name="plan-list"),
     path("runs/<int:run_id>/plans/compare/", apis.PlanCompareApi.as_view(),

@@ -204,7 +204,8 @@
     const layout = layouts[R.snap.run.chosen_plan];
     if (!layout) return null;
     return { stages: layout.stages.map(function (st) {
-      return { devices: st.devices.map(function (d) { return d.device; }), layers: st.layers };
+      return { devices: st.devices.map(function (d) { return d.device; }), layers: st.layers,
+               role: st.role };
     }), source: layout.algorithm + " plan" };
   });
 
@@ -235,12 +236,16 @@
     const parts = current
       ? current.stages.map(function (st, k) {
         const n = (st.devices || []).length;
+        if (st.role) {  // a split plan's row: its clients, or its helpers
+          return h("span", { class: "tag tag-group", "data-stage": k }, st.role + " · " + groupText(st).replace(/ \+ /g, ", "));
+        }
         return h("span", { class: "tag" + (n > 1 ? " tag-group" : ""), "data-stage": k },
           "stage " + k + " · " + groupText(st) + (n > 1 ? " (" + n + " replicas)" : ""));
       })
       : cfg.devices.map(function (d, k) { return h("span", { class: "tag" }, k + " · " + d.label); });
+    const split = current && current.stages.some(function (st) { return st.role; });
     parts.forEach(function (part, i) {
-      if (i) box.append(h("span", { class: "muted" }, " → "));
+      if (i) box.append(h("span", { class: "muted" }, split ? " ⇄ " : " → "));
       box.append(part);
     });
   }

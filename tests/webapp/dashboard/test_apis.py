@@ -11,7 +11,7 @@ from orchestrator.cost import build_cost_model
 from orchestrator.formats import parse_plan
 from orchestrator.simulator import simulate
 from tests.webapp.factories import PlanFactory, RunFactory
-from webapp.dashboard import selectors
+from webapp.dashboard import planned, selectors
 from webapp.runs.models import Plan, Run, TimelineEvent
 from webapp.runs.selectors import run_planning_inputs
 
@@ -92,7 +92,7 @@ def test_the_page_data_needs_a_session(anon: APIClient, gpipe_run: Run):
 def test_gpipe_ghosts_are_the_simulation_of_the_whole_run(gpipe_run: Run):
     # GPipe flushes every batch, so batch after batch repeats exactly
     plan = best(gpipe_run)
-    ghosts = selectors.plan_ghost_timeline(run=gpipe_run, plan=plan, start_s=0.0, end_s=1e4)
+    ghosts = planned.plan_ghost_timeline(run=gpipe_run, plan=plan, start_s=0.0, end_s=1e4)
     assert not ghosts["truncated"]
     direct = simulated(gpipe_run, plan, gpipe_run.batches)
     assert [tuple(e[k] for k in KEY) for e in ghosts["events"]] == [
@@ -106,16 +106,16 @@ def test_ghosts_start_at_the_first_measured_event_and_cover_only_the_span(gpipe_
     device = gpipe_run.run_devices.first().device.uid
     TimelineEvent.objects.create(run=gpipe_run, device=device, stage=0, kind="forward",
                                  microbatch=0, version=0, start=3.0, end=3.5)
-    whole = selectors.plan_ghost_timeline(run=gpipe_run, plan=plan, start_s=0.0, end_s=1e4)
+    whole = planned.plan_ghost_timeline(run=gpipe_run, plan=plan, start_s=0.0, end_s=1e4)
     assert whole["anchor_s"] == 3.0 and whole["events"][0]["start"] == pytest.approx(3.0)
-    span = selectors.plan_ghost_timeline(run=gpipe_run, plan=plan, start_s=10.0, end_s=12.0)
+    span = planned.plan_ghost_timeline(run=gpipe_run, plan=plan, start_s=10.0, end_s=12.0)
     assert span["events"] == [e for e in whole["events"]
                               if e["end"] >= 10.0 and e["start"] <= 12.0]
 
 
 def test_1f1b_ghosts_number_the_microbatches_on_at_the_planned_pace(onef1b_run: Run):
     plan = best(onef1b_run)
-    ghosts = selectors.plan_ghost_timeline(run=onef1b_run, plan=plan, start_s=0.0, end_s=1e4)
+    ghosts = planned.plan_ghost_timeline(run=onef1b_run, plan=plan, start_s=0.0, end_s=1e4)
     first_stage = plan.document["stages"][0]["devices"]
     forwards = [e for e in ghosts["events"] if e["kind"] == "forward" and e["stage"] == 0]
     total = onef1b_run.microbatches * onef1b_run.batches

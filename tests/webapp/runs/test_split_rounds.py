@@ -12,11 +12,17 @@ import torch
 from agent.data import load_dataset
 from agent.weights import snapshot, state_refs, to_bytes
 from agent.zoo import build_model
-from tests.webapp.factories import DeviceFactory, LayerProfileFactory, ModelSpecFactory
+from orchestrator.events import TimelineEvent
+from tests.webapp.factories import (
+    DeviceFactory,
+    LayerProfileFactory,
+    ModelSpecFactory,
+    RunFactory,
+)
 from webapp.devices.models import Device
 from webapp.runs import replicas, selectors, services
 from webapp.runs.models import MetricPoint, Run, RunDevice
-from webapp.runs.services import deployment, split, split_rounds
+from webapp.runs.services import deployment, split, split_rounds, timeline_events_store
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -112,3 +118,42 @@ def test_a_pipeline_run_queues_no_evaluation(quiet: list[tuple[int, int]]) -> No
     run = Run(pk=1, kind="pipeline")
     assert split_rounds.split_round_stored(run=run, applied=5) is False
     assert quiet == []
+
+
+def test_the_pages_read_a_split_runs_plan_ghosts_and_progress(
+        settings: Any, tmp_path: Any, quiet: list[tuple[int, int]], api: Any) -> None:
+    run = running_split_run(settings, tmp_path)
+    clients = run.split["clients"]
+    doc = run.chosen_plan.document
+    planned = doc["makespan_s"]
+    # the layout: clients' row, helpers' row (part-2 of whom)
+    layouts = api.get(f"/api/dashboard/runs/{run.pk}/plans/layouts/").json()["layouts"]
+    assert [len(s["devices"]) for s in layouts[0]["stages"]] == [2, 1]
+    assert layouts[0]["stages"][1]["devices"][0]["passes"].startswith("part-2 of ")
+    # two batches trained by both clients, the second by the first only so far
+    events = []
+    for m, clients_done in ((0, 2), (1, 2), (2, 1)):
+        for j in range(clients_done):
+            events += [TimelineEvent(run.pk, clients[j], 0, "forward", m, 0, m + 0.1 * j,
+                                     m + 0.1 * j + 0.05, pipeline=j),
+                       TimelineEvent(run.pk, clients[j], 0, "backward", m, 0, m + 0.5,
+                                     m + 0.6 + 0.1 * j, pipeline=j)]
+    timeline_events_store(run=run, records=events)
+    progress = api.get(f"/api/runs/{run.pk}/split/").json()
+    assert progress["planned_makespan_s"] == pytest.approx(planned)
+    assert [b["batch"] for b in progress["batches"]] == [0, 1]
+    assert progress["batches"][0]["makespan_s"] == pytest.approx(0.7)
+    assert [(c["device"], c["batches_done"], c["batches"]) for c in progress["clients"]] == [
+        (clients[0], 3, 10), (clients[1], 2, 10)]
+    assert all(c["helper"] == doc["helpers"][0] for c in progress["clients"])
+    # ghosts: the schedule's batch once every planned makespan from the first event
+    ghost = api.get(f"/api/dashboard/runs/{run.pk}/planned/?start=0&end=2.5").json()
+    assert ghost["batch_period_s"] == pytest.approx(planned)
+    assert ghost["anchor_s"] == 0.0
+    per_batch = {}
+    for e in ghost["events"]:
+        per_batch.setdefault(e["microbatch"], []).append(e)
+    assert min(per_batch[0], key=lambda e: e["start"])["start"] == 0.0
+    assert {e.get("pipeline", 0) for e in ghost["events"]} == {0, 1}
+    # a pipeline run has no split progress
+    assert api.get(f"/api/runs/{RunFactory().pk}/split/").status_code == 409
