@@ -10,6 +10,7 @@ app_name = "split"
 urlpatterns = [
     path("", views.studies, name="split-studies"),
     path("<int:study_id>/", views.study, name="split-study"),
+    path("train/", views.train, name="split-train"),
 ]
 
 api_urlpatterns = [

@@ -1,5 +1,6 @@
-"""Split learning's pages (logged-in users): the studies with the form that creates one, and a
-study's comparison of methods with each schedule's Gantt. Thin: selectors read, services
+"""Split learning's pages (logged-in users): the studies with the form that creates one, a
+study's comparison of methods with each schedule's Gantt, and the form that trains split
+learning on enrolled devices (a split run). Thin: selectors read, services
 write, the templates and static/split/split.js do the rest."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 
 from webapp.dashboard.services import FormErrors, FormInvalid
-from webapp.split import selectors, services
+from webapp.split import selectors, services, training
 
 STUDIES_PER_PAGE = 50
 POLL_MS = 2000
@@ -66,3 +67,22 @@ def study(request: HttpRequest, study_id: int) -> HttpResponse:
     return render(request, "split/study.html", {
         "study": found, "status": selectors.split_study_status(study=found),
         "compare": selectors.split_compare(study=found), "config": config})
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def train(request: HttpRequest) -> HttpResponse:
+    """The form that trains split learning on devices: on success the split run is created,
+    its planning queued, and the browser goes to its page; otherwise each error is shown by
+    its field. ``?methods=`` ticks those methods (a study's page links here with its own)."""
+    errors: FormErrors = {}
+    if request.method == "POST":
+        try:
+            run = training.split_run_create_and_plan(form=request.POST, created_by=request.user)
+        except FormInvalid as exc:
+            errors = exc.errors
+        else:
+            return redirect("dashboard:run", run_id=run.pk)
+    form = request.POST if request.method == "POST" else None
+    return render(request, "split/train.html", {
+        **training.split_train_context(form=form, preset=request.GET), "errors": errors})
