@@ -12,7 +12,7 @@ gets its order in every one of its stages' specs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from orchestrator.protocol import StageSpec
@@ -23,11 +23,16 @@ Turns = tuple[tuple[int, str, int, int, int], ...]
 
 def run_plan_specs(run_plan: RunPlan, *, shared: Mapping[str, Any],
                    turns: Mapping[str, Turns] | None = None,
-                   shard_split: str | None = None) -> tuple[StageSpec, ...]:
+                   shard_split: str | None = None,
+                   shards: Sequence[tuple[int, int]] | None = None) -> tuple[StageSpec, ...]:
     """Every stage spec of ``run_plan``, by pipeline, stage and device. ``shared`` holds the
     fields every spec has alike (run, model, dataset, batch size, SGD settings, seed, ...);
     ``turns`` the order of a device's stages' passes (orchestrator.sl.turns.run_turns), in
-    each of its specs."""
+    each of its specs. With ``shard_split``, pipeline p trains shard ``shards[p]`` (index,
+    count) of the training set, by default (p, pipelines)."""
+    if shards is not None and len(shards) != len(run_plan.pipelines):
+        raise ValueError(f"shards: needs one (index, count) per pipeline "
+                         f"({len(run_plan.pipelines)}), got {len(shards)}")
     taking_turns = turns or {}
     specs = []
     for p, plan in enumerate(run_plan.pipelines):
@@ -48,7 +53,8 @@ def run_plan_specs(run_plan: RunPlan, *, shared: Mapping[str, Any],
                     stage_times_s=tuple((1.0,) * len(s.devices) for s in plan.stages),
                     microbatches=run_plan.microbatches[p], flush_every=plan.microbatches,
                     pipeline=p, **grouped,
-                    shard=None if shard_split is None else (p, len(run_plan.pipelines)),
+                    shard=None if shard_split is None else (
+                        shards[p] if shards is not None else (p, len(run_plan.pipelines))),
                     shard_split=shard_split or "iid",
                     turns=taking_turns.get(device, ())))
     return tuple(specs)

@@ -161,21 +161,6 @@ def test_a_report_naming_a_stage_the_device_does_not_hold_is_refused(sent) -> No
         services.run_stage_ready(run=run, device=client, generation=0)
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_lost_device_fails_a_split_run_naming_it(sent) -> None:
-    from webapp.runs import recovery
-
-    run = split_run()
-    services.run_plan(run=run)
-    services.run_start(run=Run.objects.get(pk=run.pk))
-    helper = Device.objects.get(uid=run.split["helpers"][0])
-    recovery.run_device_lost(device=helper, reason="its agent disconnected",
-                             detected_by="heartbeat")
-    run.refresh_from_db()
-    assert run.state == Run.State.FAILED
-    assert helper.uid in run.error and "does not re-plan" in run.error
-
-
 def test_the_rest_api_creates_a_split_run_and_names_a_bad_field(api: Any) -> None:
     spec = ModelSpecFactory()
     devices = [DeviceFactory() for _ in range(3)]

@@ -42,6 +42,7 @@ from webapp.runs.recovery.inputs import (
     kept_capacities,
     next_generation_inputs,
 )
+from webapp.runs.recovery.split import split_replan
 from webapp.runs.services.control import (
     ACTIVE_DEVICE,
     control_event,
@@ -92,16 +93,7 @@ def lose(run: Run, lost: Sequence[RunDevice], *, reason: str, detected_by: str,
           cause: str = "failure", decision: dict[str, Any] | None = None) -> Run:
     """With the run locked: mark ``lost`` and (re)start its recovery; every other staged
     device halts and reports what it holds. A dynamic re-partition is a recovery that lost
-    nobody. A split run does not recover (yet): it fails, naming the devices lost."""
-    if run.kind == "split":
-        for rd in lost:
-            rd.stage_state = S.LOST
-            rd.save(update_fields=["stage_state"])
-            control_event(run, "device_lost", device=rd.device.uid,
-                          detail={"reason": reason, "detected_by": detected_by})
-        names = ", ".join(f"{rd.device.name!r} ({rd.device.uid})" for rd in lost)
-        return fail_run(run, f"lost {names} ({reason}); a split run does not re-plan around "
-                             "a lost device yet: start it again on the devices left")
+    nobody."""
     ongoing = Recovery.from_json(run.recovery) if run.state == RunState.RECOVERING else None
     if ongoing is None:
         deployment = replace(Deployment.from_json(run.deployment),
@@ -202,6 +194,8 @@ def _replan(run: Run) -> Run:
     if not usable:
         return fail_run(run, "no device is left to recover on (lost: "
                              f"{', '.join(recovery.lost)})")
+    if run.kind == "split":
+        return split_replan(run, recovery, usable)
     try:
         profile, all_devices, cm = next_generation_inputs(run, usable)
         # a dynamic re-partition deploys the plan its break-even was judged on (it deployed

@@ -120,21 +120,21 @@ def split_settings(run: Run) -> SplitSettings:
         raise PlanningError(f"run {run.pk}'s split settings: {exc}") from None
 
 
-def split_plan_figures(plan: Plan) -> dict[str, Any]:
-    """Plan a split run with ``plan``'s method: the study of one batch from the devices'
-    measured profiles and links, the method's schedule, and the run plan the agents train
-    under it. The period is the schedule's batch makespan."""
-    run = plan.run
+def split_plan_document(*, run: Run, method: str, clients: Sequence[str],
+                        helpers: Sequence[str], time_limit_s: float | None = None
+                        ) -> dict[str, Any]:
+    """A split plan of ``run`` on ``clients`` and ``helpers`` with ``method``: the study of
+    one batch from the devices' measured profiles and links, the method's schedule, and the
+    run plan the agents train under it (PlanningError naming the field when it cannot be)."""
     settings = split_settings(run)
     profile, devices = run_planning_inputs(run=run)
-    clients, helpers = settings.clients, settings.helpers
     try:
         instance = instance_from_measurements(
             profile=profile, devices=devices, clients=clients, helpers=helpers,
             cuts=settings.cuts, slot_ms=settings.slot_ms, name=f"run {run.pk}")
-        schedule = solve(instance=instance, method=plan.algorithm,
-                         time_limit_s=settings.time_limit_s, seed=settings.seed,
-                         switch_slots=settings.switch_slots)
+        schedule = solve(instance=instance, method=method,
+                         time_limit_s=time_limit_s or settings.time_limit_s,
+                         seed=settings.seed, switch_slots=settings.switch_slots)
         run_plan = split_run_plan(
             schedule=schedule, cuts=settings.cuts, clients=clients, helpers=helpers,
             num_layers=profile.num_layers, microbatches_per_round=[run.batches] * len(clients),
@@ -142,15 +142,28 @@ def split_plan_figures(plan: Plan) -> dict[str, Any]:
             schedule_name=SPLIT_SCHEDULE)
     except ValueError as exc:
         raise PlanningError(str(exc)) from None
-    makespan_s = predicted_makespan_s(schedule=schedule, instance=instance)
+    return {"kind": "split", "clients": list(clients), "helpers": list(helpers),
+            "instance": instance.to_json(), "schedule": schedule.to_json(),
+            "run_plan": run_plan.to_json(),
+            "makespan_s": predicted_makespan_s(schedule=schedule, instance=instance)}
+
+
+def split_plan_figures(plan: Plan) -> dict[str, Any]:
+    """Plan a split run on its clients and helpers with ``plan``'s method (the figures a Plan
+    row stores). The period is the schedule's batch makespan."""
+    run = plan.run
+    settings = split_settings(run)
+    document = split_plan_document(run=run, method=plan.algorithm, clients=settings.clients,
+                                   helpers=settings.helpers)
+    makespan_s = document["makespan_s"]
+    instance = parse_instance(document["instance"], file="plan instance")
+    schedule = parse_schedule(document["schedule"], file="plan schedule")
+    helpers = settings.helpers
     busiest = max(range(len(helpers)), key=lambda i: sum(
         instance.p[j][i] + instance.pp[j][i]
         for j, h in enumerate(schedule.assignment) if h == i))
-    document = {"kind": "split", "clients": list(clients), "helpers": list(helpers),
-                "instance": instance.to_json(), "schedule": schedule.to_json(),
-                "run_plan": run_plan.to_json(), "makespan_s": makespan_s}
     figures = {"document": document, "stages": 3, "period_s": makespan_s,
-               "throughput_sps": len(clients) * run.model_spec.batch_size / makespan_s,
+               "throughput_sps": len(settings.clients) * run.model_spec.batch_size / makespan_s,
                "bottleneck": f"helper {helpers[busiest]}", "memory_ok": True,
                "planner_s": schedule.solver_s, "error": ""}
     try:  # a plan that could not be deployed fails here, not when the run starts
@@ -172,13 +185,18 @@ def split_stage_specs(*, run: Run, document: dict[str, Any]) -> tuple[StageSpec,
     run_plan = parse_run_plan(document.get("run_plan"), profile=profile, devices=devices,
                               file="plan run_plan")
     turns = run_turns(cm=build_cost_model(profile, devices), instance=instance,
-                      schedule=schedule, run_plan=run_plan, helpers=settings.helpers)
+                      schedule=schedule, run_plan=run_plan,
+                      helpers=[str(h) for h in document.get("helpers") or ()])
     spec = run.model_spec
     shared = {"run": run.pk, "model": spec.model, "dataset": spec.dataset,
               "batch_size": spec.batch_size, "lr": run.lr, "momentum": run.momentum,
               "seed": run.pk}
+    # each client keeps its own shard, also in a re-plan without some of them
+    clients = document.get("clients") or []
+    shards = [(settings.clients.index(c), len(settings.clients)) if c in settings.clients
+              else (j, len(clients)) for j, c in enumerate(clients)]
     specs = run_plan_specs(run_plan, shared=shared, turns=turns,
-                           shard_split=settings.shard_split)
+                           shard_split=settings.shard_split, shards=shards)
     # after each round's FedAvg, pipeline 0's parts (the aggregated model) go to the server,
     # which measures the model's held-out accuracy (split_round_evaluate)
     # (one client alone has no group: its round is the run's batches all the same)
