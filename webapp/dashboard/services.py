@@ -57,7 +57,7 @@ def _validated(serializer_class: type[serializers.Serializer], data: dict[str, A
     return dict(serializer.validated_data)
 
 
-def _number(raw: str, kind: type[int] | type[float] = int) -> int | float | str:
+def form_number(raw: str, kind: type[int] | type[float] = int) -> int | float | str:
     """A form's number as the JSON API would get it: an integer (or with ``kind=float`` a
     decimal number), or the text as typed (which the API's serializer then refuses, saying
     what it must be)."""
@@ -77,20 +77,20 @@ def run_form_data(form: QueryDict) -> dict[str, Any]:
     schedule is absent (the API says it is required, or takes its default); a number field
     left empty is refused as not a number; vertical sync is true when its box is ticked."""
     data: dict[str, Any] = {"name": form.get("name", "").strip(),
-                            "devices": [_number(v) for v in form.getlist("devices")],
+                            "devices": [form_number(v) for v in form.getlist("devices")],
                             "algorithms": form.getlist("algorithms")}
     for name in ("microbatches", "batches", "aggregate_every", "chain_every", "global_every",
                  "repartition_after", "repartition_every"):
         if name in form:
-            data[name] = _number(form[name])
+            data[name] = form_number(form[name])
     # a checkbox: the form sends "off" (a hidden field) and, when it is ticked, "on" after it
     if "vertical_sync" in form:
         data["vertical_sync"] = "on" in form.getlist("vertical_sync")
     for name in ("lr", "momentum"):
         if name in form:
-            data[name] = _number(form[name], float)
+            data[name] = form_number(form[name], float)
     if _present(form, "model_spec"):
-        data["model_spec"] = _number(form["model_spec"])
+        data["model_spec"] = form_number(form["model_spec"])
     for name in ("schedule", "recovery_policy"):
         if _present(form, name):
             data[name] = form[name].strip()
@@ -129,7 +129,7 @@ def enrolment_create(*, form: QueryDict, created_by: AbstractBaseUser, server_ur
     name = form.get("name", "").strip()
     body: dict[str, Any] = {"label": name}
     if _present(form, "max_uses"):
-        body["max_uses"] = _number(form["max_uses"])
+        body["max_uses"] = form_number(form["max_uses"])
     data = _validated(TokenListCreateApi.TokenCreateInput, body)
     token, secret = device_services.enrollment_token_create(created_by=created_by, **data)
     return {"token": token, "secret": secret, "name": name,

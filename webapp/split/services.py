@@ -23,7 +23,7 @@ from orchestrator.sl.formats import Instance, parse_instance
 from orchestrator.sl.solve import DEFAULT_TIME_LIMIT_S, METHODS, solve
 from webapp.common.errors import flatten_errors
 from webapp.common.exceptions import InvalidInput, distinct_choices
-from webapp.dashboard.services import FormErrors, FormInvalid, form_field
+from webapp.dashboard.services import FormErrors, FormInvalid, form_field, form_number
 from webapp.split import selectors
 from webapp.split.models import SplitSchedule, SplitStudy
 from webapp.split.serializers import SplitStudyCreateInput
@@ -246,16 +246,6 @@ def _form_errors(errors: list[dict[str, str]]) -> FormErrors:
     return out
 
 
-def _number(raw: str, kind: type[int] | type[float]) -> int | float | str:
-    """A form's number as the JSON API would get it, or the text as typed (which the API's
-    serializer refuses, saying what it must be)."""
-    text = raw.strip()
-    try:
-        return kind(text)
-    except ValueError:
-        return text
-
-
 def _upload(upload: UploadedFile | None) -> Any:
     if upload is None:
         raise FormInvalid({"instance": ["choose a JSON file to upload, or a shared instance"]})
@@ -279,14 +269,14 @@ def split_form_data(form: QueryDict, files: MultiValueDict[str, UploadedFile]
                             "methods": form.getlist("methods")}
     for name, kind in (("time_limit_s", float), ("switch_slots", int), ("seed", int)):
         if name in form:
-            data[name] = _number(form[name], kind)
+            data[name] = form_number(form[name], kind)
     errors: FormErrors = {}
     try:
         if form.get("source") == "upload":
             data["instance"] = _upload(files.get("upload"))
         elif form.get("shared", "").strip():
             file, _, index = form["shared"].strip().rpartition("#")
-            data["file"], data["index"] = file, _number(index, int)
+            data["file"], data["index"] = file, form_number(index, int)
         else:
             raise FormInvalid({"instance": ["choose a shared instance, or upload one"]})
     except FormInvalid as exc:

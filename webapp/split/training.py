@@ -21,7 +21,13 @@ from orchestrator.sl.solve import METHODS
 from webapp.common.errors import flatten_errors
 from webapp.common.exceptions import InvalidInput
 from webapp.dashboard.selectors import devices_without_profile, new_run_choices
-from webapp.dashboard.services import NON_FIELD, FormErrors, FormInvalid, form_field
+from webapp.dashboard.services import (
+    NON_FIELD,
+    FormErrors,
+    FormInvalid,
+    form_field,
+    form_number,
+)
 from webapp.devices.selectors import model_num_layers
 from webapp.runs import services as run_services
 from webapp.runs.models import LR_MAX, Run
@@ -66,15 +72,6 @@ def train_form_errors(errors: Iterable[dict[str, str]]) -> FormErrors:
     return out
 
 
-def _typed(raw: str, kind: type[int] | type[float]) -> int | float | str:
-    """A number as the JSON API would get it, or the text as typed (the serializer says what
-    it must be)."""
-    try:
-        return kind(raw.strip())
-    except ValueError:
-        return raw.strip()
-
-
 def device_roles(form: QueryDict) -> dict[int, list[str]]:
     """Each device's roles as the form sent them (``role-<id>``), in the page's order."""
     return {int(m.group(1)): [r for r in form.getlist(key) if r in ROLES]
@@ -93,10 +90,10 @@ def split_train_form_data(form: QueryDict) -> dict[str, Any]:
         "helpers": [pk for pk, chosen in roles.items() if "helper" in chosen],
         "algorithms": form.getlist("methods")}
     if form.get("model_spec", "").strip():
-        data["model_spec"] = _typed(form["model_spec"], int)
+        data["model_spec"] = form_number(form["model_spec"], int)
     for name, kind in NUMBERS.items():
         if name in form:
-            data[name] = _typed(form[name], kind)
+            data[name] = form_number(form[name], kind)
     if "shard_split" in form:
         data["shard_split"] = form["shard_split"].strip()
     return data

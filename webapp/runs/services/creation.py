@@ -106,6 +106,6 @@ def run_create(*, name: str, model_spec: ModelSpec, devices: Sequence[Device],
 
 def _finite_number(value: object) -> bool:
     """Is ``value`` an int or a float (not a bool), and finite? (The run form's parser of
-    typed numbers is webapp.dashboard.services._number.)"""
+    typed numbers is webapp.dashboard.services.form_number.)"""
     return (isinstance(value, int | float) and not isinstance(value, bool)
             and math.isfinite(value))
