@@ -4,14 +4,21 @@ answer that is not a success into a DemoError that names the request and the ser
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
 
 
 class DemoError(RuntimeError):
-    """The demo cannot go on; the message says where and why."""
+    """The demo cannot go on; the message says where and why. An API's 400 answer keeps its
+    field errors (``errors``: {field, reason} each) for the demo to name its own option."""
+
+    def __init__(self, message: str, *, status: int | None = None,
+                 errors: Sequence[dict[str, str]] = ()) -> None:
+        super().__init__(message)
+        self.status = status
+        self.errors = tuple(errors)
 
 
 class ApiClient:
@@ -45,11 +52,15 @@ class ApiClient:
                    "Referer": f"{self.base_url}/"}
         answer = self.http.request(method, path, json=body, headers=headers)
         if answer.status_code >= 400:
+            errors: list[dict[str, str]] = []
             try:
-                detail = answer.json().get("detail", answer.text)
-            except ValueError:
+                said = answer.json()
+                detail = said.get("detail", answer.text)
+                errors = [e for e in said.get("errors") or () if isinstance(e, dict)]
+            except (ValueError, AttributeError):
                 detail = answer.text[:300]
-            raise DemoError(f"{method} {path} answered {answer.status_code}: {detail}")
+            raise DemoError(f"{method} {path} answered {answer.status_code}: {detail}",
+                            status=answer.status_code, errors=errors)
         return answer.json() if answer.content else None
 
     def get(self, path: str) -> Any:

@@ -97,7 +97,7 @@ def stop_run(testbed: LocalTestbed, run_id: int, say: Callable[[str], None]) -> 
         say(f"could not stop run {run_id}: {exc}")
 
 
-def _timed(say: Callable[[str], None]) -> Callable[[str], None]:
+def timed(say: Callable[[str], None]) -> Callable[[str], None]:
     """Each line with the seconds since the demo began: where its start-up goes shows."""
     began = time.monotonic()
     return lambda line: say(f"[{time.monotonic() - began:5.1f} s] {line}")
@@ -153,7 +153,7 @@ def run_demo(options: DemoOptions, *, say: Callable[[str], None] = print
     if o.aggregate_every and synchronous(o.schedule):
         raise DemoError(f"--aggregate-every is for --schedule 1f1b (asynchronous), not "
                         f"{o.schedule}")
-    say = _timed(say)
+    say = timed(say)
     with LocalTestbed(agents=o.agents, host=o.host, port=o.port, say=say) as testbed:
         links = testbed.measure_links()
         say(f"{len(testbed.devices)} devices online, {len(links)} links measured; profiling "

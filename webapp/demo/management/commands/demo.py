@@ -1,4 +1,5 @@
-"""``python manage.py demo``: the whole product on one laptop (see webapp.demo.scenario)."""
+"""``python manage.py demo``: the whole product on one laptop (see webapp.demo.scenario);
+``--split``, a split-learning run on it (webapp.demo.split)."""
 
 from __future__ import annotations
 
@@ -8,37 +9,59 @@ import logging
 import signal
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from orchestrator.formats import SCHEDULES
+from orchestrator.protocol.stagespec import SHARD_SPLITS
 from webapp.demo.client import DemoError
 from webapp.demo.demo import DemoOptions, run_demo
 from webapp.demo.scenario import DEFAULT_ALGORITHMS
+from webapp.demo.split import SPLIT_METHODS, SplitDemoOptions, run_split_demo
+
+# options of one demo only (dest: option), refused with the other when changed
+PIPELINE_ONLY = {
+    "microbatches": "--microbatches", "schedule": "--schedule",
+    "repartition_every": "--repartition-every", "chain_every": "--chain-every",
+    "global_every": "--global-every", "kill_agent_at": "--kill-agent-at",
+    "kill_agent_at_batch": "--kill-agent-at-batch", "kill_agent": "--kill-agent",
+    "pause_at": "--pause-at", "pause_at_batch": "--pause-at-batch", "pause_for": "--pause-for",
+    "slow_agent_at": "--slow-agent-at", "slow_agent": "--slow-agent", "slow_to": "--slow-to",
+    "vertical_sync": "--no-vertical-sync", "aggregate_every": "--aggregate-every"}
+SPLIT_ONLY = {"clients": "--clients", "helpers": "--helpers", "sigma1": "--sigma1",
+              "sigma2": "--sigma2", "rounds": "--rounds", "shard_split": "--shard-split",
+              "time_limit": "--time-limit", "slot_ms": "--slot-ms"}
 
 
 class Command(BaseCommand):
     help = ("Start the web server, a planning worker and local agents emulating a "
-            "heterogeneous testbed, plan a run with several planners and train it. "
+            "heterogeneous testbed, plan a run with several planners and train it "
+            "(--split: a split-learning run, clients and helpers). "
             "--headless runs to the end and prints a JSON summary as the last line.")
 
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
+        self.parser = parser  # its defaults tell which options were changed
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
-        parser.add_argument("--model", default="vgg5", help="zoo model (default vgg5)")
-        parser.add_argument("--dataset", default="synthetic-cifar",
-                            help="digits, synthetic-cifar or npz:PATH (default synthetic-cifar)")
+        parser.add_argument("--model", default=None,
+                            help="zoo model (default vgg5; --split: mlp)")
+        parser.add_argument("--dataset", default=None,
+                            help="digits, synthetic-cifar or npz:PATH (default synthetic-cifar; "
+                                 "--split: digits)")
         parser.add_argument("--batch-size", type=int, default=32)
         parser.add_argument("--microbatches", type=int, default=8,
                             help="micro-batches per batch (default 8)")
         parser.add_argument("--batches", type=int, default=None,
-                            help="batches to train (default: until Ctrl-C; headless 100)")
+                            help="batches to train (default: until Ctrl-C; headless 100); "
+                                 "--split: batches of every client a round (default 20)")
         parser.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
-        parser.add_argument("--algorithms", default=",".join(DEFAULT_ALGORITHMS),
-                            help="planners to compare (comma-separated)")
-        parser.add_argument("--plan", default="ftpipehd",
+        parser.add_argument("--algorithms", default=None,
+                            help="planners to compare (comma-separated; default "
+                                 f"{','.join(DEFAULT_ALGORITHMS)}; --split: split-learning "
+                                 f"methods, default {','.join(SPLIT_METHODS)})")
+        parser.add_argument("--plan", default=None,
                             help="which plan to train: a planner's name, or best (default "
                                  "ftpipehd: every device in order, so every row of the Gantt "
-                                 "fills)")
+                                 "fills; --split: a method's name or best, default best)")
         parser.add_argument("--headless", action="store_true",
                             help="run to the end without a browser; print a JSON summary")
         parser.add_argument("--repartition-every", type=int, default=None, metavar="BATCHES",
@@ -100,30 +123,48 @@ class Command(BaseCommand):
                                  "updates each stage averages its last D weight versions, "
                                  "from 0 to 1000 (default 0: off)")
 
+        split = parser.add_argument_group(
+            "split learning (--split)", "clients train the model's first and last layers on "
+            "their own data, helpers its middle layers for the clients a plan assigns them")
+        split.add_argument("--split", action="store_true",
+                           help="a split-learning run: --clients clients of varied speed and "
+                                "links, --helpers fast helpers, the split-learning methods' "
+                                "plans compared")
+        split.add_argument("--clients", type=int, default=4, metavar="N",
+                           help="clients (default 4: 1x, 2x, 3x and 1.5x slower than this "
+                                "machine, the second and fourth on slower links)")
+        split.add_argument("--helpers", type=int, default=2, metavar="M",
+                           help="helpers, each fast (default 2)")
+        split.add_argument("--sigma1", type=int, default=0, metavar="LAYER",
+                           help="the last layer of part-1, on the clients (default 0)")
+        split.add_argument("--sigma2", type=int, default=1, metavar="LAYER",
+                           help="the last layer of part-2, on the helpers (default 1); the "
+                                "layers after it are part-3, on the clients")
+        split.add_argument("--rounds", type=int, default=None, metavar="R",
+                           help="rounds, each --batches batches of every client and then "
+                                "FedAvg (default: until Ctrl-C; headless 3)")
+        split.add_argument("--shard-split", choices=SHARD_SPLITS, default="iid",
+                           help="how the training set is cut among the clients (default iid)")
+        split.add_argument("--time-limit", type=_positive_seconds, default=2.0,
+                           metavar="SECONDS",
+                           help="each method's time limit (exact, admm, auto; default 2)")
+        split.add_argument("--slot-ms", type=float, default=1.0, metavar="MS",
+                           help="the study's time slot: every task's time is rounded up to "
+                                "whole slots (default 1: the demo's MLP passes take less)")
+
     def handle(self, *args: Any, **options: Any) -> None:
         logging.getLogger("httpx").setLevel(logging.WARNING)
         # SIGTERM stops the demo as Ctrl-C does: the testbed's processes stop with it (killed
         # without this, the demo left its web server, worker and agents running)
         signal.signal(signal.SIGTERM, _interrupt)
-        demo_options = DemoOptions(
-            host=options["host"], port=options["port"], model=options["model"],
-            dataset=options["dataset"], batch_size=options["batch_size"],
-            microbatches=options["microbatches"], batches=options["batches"],
-            schedule=options["schedule"],
-            algorithms=tuple(a.strip() for a in options["algorithms"].split(",") if a.strip()),
-            plan=options["plan"], headless=options["headless"],
-            repartition_every=options["repartition_every"],
-            chain_every=options["chain_every"], global_every=options["global_every"],
-            slow_agent_at=options["slow_agent_at"], slow_agent=options["slow_agent"],
-            slow_to=options["slow_to"], lr=options["lr"], momentum=options["momentum"],
-            vertical_sync=options["vertical_sync"], aggregate_every=options["aggregate_every"],
-            kill_agent_at=options["kill_agent_at"],
-            kill_agent_at_batch=options["kill_agent_at_batch"],
-            pause_at=options["pause_at"], pause_at_batch=options["pause_at_batch"],
-            pause_for=options["pause_for"],
-            kill_agents=tuple(a.strip() for a in options["kill_agent"].split(",") if a.strip()))
+        say = self.stdout.write
         try:
-            summary = run_demo(demo_options, say=lambda line: self.stdout.write(line))
+            if options["split"]:
+                self._refuse(options, PIPELINE_ONLY, "not for --split")
+                summary = run_split_demo(_split_options(options), say=say)
+            else:
+                self._refuse(options, SPLIT_ONLY, "for --split only")
+                summary = run_demo(_pipeline_options(options), say=say)
         except DemoError as exc:
             raise CommandError(str(exc)) from None
         except KeyboardInterrupt:
@@ -131,6 +172,51 @@ class Command(BaseCommand):
             return
         if summary is not None:
             self.stdout.write(json.dumps(summary))
+
+    def _refuse(self, options: dict[str, Any], others: dict[str, str], why: str) -> None:
+        """DemoError naming the first of ``others`` (the other demo's options) changed."""
+        for dest, option in others.items():
+            if options[dest] != self.parser.get_default(dest):
+                raise DemoError(f"{option} is {why}")
+
+
+def _methods(options: dict[str, Any], default: tuple[str, ...]) -> tuple[str, ...]:
+    if options["algorithms"] is None:
+        return default
+    return tuple(a.strip() for a in options["algorithms"].split(",") if a.strip())
+
+
+def _pipeline_options(options: dict[str, Any]) -> DemoOptions:
+    return DemoOptions(
+        host=options["host"], port=options["port"], model=options["model"] or "vgg5",
+        dataset=options["dataset"] or "synthetic-cifar", batch_size=options["batch_size"],
+        microbatches=options["microbatches"], batches=options["batches"],
+        schedule=options["schedule"], algorithms=_methods(options, DEFAULT_ALGORITHMS),
+        plan=options["plan"] or "ftpipehd", headless=options["headless"],
+        repartition_every=options["repartition_every"],
+        chain_every=options["chain_every"], global_every=options["global_every"],
+        slow_agent_at=options["slow_agent_at"], slow_agent=options["slow_agent"],
+        slow_to=options["slow_to"], lr=options["lr"], momentum=options["momentum"],
+        vertical_sync=options["vertical_sync"], aggregate_every=options["aggregate_every"],
+        kill_agent_at=options["kill_agent_at"],
+        kill_agent_at_batch=options["kill_agent_at_batch"],
+        pause_at=options["pause_at"], pause_at_batch=options["pause_at_batch"],
+        pause_for=options["pause_for"],
+        kill_agents=tuple(a.strip() for a in options["kill_agent"].split(",") if a.strip()))
+
+
+def _split_options(options: dict[str, Any]) -> SplitDemoOptions:
+    return SplitDemoOptions(
+        host=options["host"], port=options["port"], model=options["model"] or "mlp",
+        dataset=options["dataset"] or "digits", batch_size=options["batch_size"],
+        clients=options["clients"], helpers=options["helpers"], sigma1=options["sigma1"],
+        sigma2=options["sigma2"],
+        batches=20 if options["batches"] is None else options["batches"],
+        rounds=options["rounds"], shard_split=options["shard_split"],
+        algorithms=_methods(options, SPLIT_METHODS), plan=options["plan"] or "best",
+        time_limit_s=options["time_limit"], slot_ms=options["slot_ms"], lr=options["lr"],
+        momentum=options["momentum"],
+        headless=options["headless"])
 
 
 def _positive_seconds(text: str) -> float:
