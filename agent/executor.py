@@ -613,6 +613,8 @@ class StageExecutor(Sharing):
         labels: torch.Tensor | None = None
         if self.spec.first:
             assert self.dataset is not None
+            if self.spec.batch_sync and m > self.spec.first_microbatch:
+                self.batch_barrier(m)
             inputs, labels = self.dataset.microbatch(m, self.spec.batch_size, seed=self.spec.seed)
             version = self._forward_version(m, None)
             header_version = version

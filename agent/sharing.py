@@ -66,6 +66,8 @@ class Host(Protocol):
     def _send_round(self, peer: str, round_index: int, step: str,
                     chunk: torch.Tensor) -> None: ...
     def _round_name(self, pipeline: int, stage: int, step: str) -> str: ...
+    def _send_barrier(self, peer: str, m: int, step: str, chunk: torch.Tensor) -> None: ...
+    def _barrier_name(self, pipeline: int, stage: int, step: str) -> str: ...
 
 
 class SharingError(RuntimeError):
@@ -147,6 +149,31 @@ class Sharing:
                                     self.version, start, self.clock.now(), sent,
                                     pipeline=spec.pipeline))
         self._after_update()
+
+    def batch_barrier(self: Host, m: int) -> None:
+        """Split learning's batch (``batch_sync``): wait until every member of this first
+        stage's aggregation group finished micro-batch m - 1 and is at m, by a ring
+        all-reduce of nothing; the paper releases each batch to every client at once, and
+        its makespan is a batch's."""
+        spec = self.spec
+        names = [f"{device}/{pipeline}/{stage}" for device, pipeline, stage in spec.group]
+        ring_all_reduce(
+            torch.zeros(len(names)), group=names,
+            me=f"{spec.device}/{spec.pipeline}/{spec.stage}",
+            send=lambda peer, step, chunk: self._send_barrier(peer, m, step, chunk),
+            receive=lambda step: self._receive(
+                "grads", m, name=self._barrier_name(spec.pipeline, spec.stage, step)).tensor)
+
+    def _barrier_name(self: Host, pipeline: int, stage: int, step: str) -> str:
+        return f"g{self.spec.generation}:bar:p{pipeline}s{stage}:{step}"
+
+    def _send_barrier(self: Host, peer: str, m: int, step: str, chunk: torch.Tensor) -> None:
+        device, pipeline, stage = peer.rsplit("/", 2)
+        header, frames = encode_message(
+            run=self.spec.run, kind="grads", microbatch=m, version=self.version, tensor=chunk,
+            name=self._barrier_name(int(pipeline), int(stage), step),
+            sent_at=self.clock.absolute())
+        self.plane.send(device, frames, header=header)
 
     def _round_name(self: Host, pipeline: int, stage: int, step: str) -> str:
         """The data-plane name of a group average's chunk for the member (pipeline, stage)

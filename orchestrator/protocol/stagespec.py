@@ -54,7 +54,9 @@ class StageSpec:
     "forward" or "backward", that pipeline's micro-batches, first layer, last layer): a pass
     the schedule preempts is several turns, each over some of its layers (agent.turns: a
     split-learning helper follows its schedule, under a synchronous schedule of one
-    micro-batch a batch); empty: as their inputs come.
+    micro-batch a batch); empty: as their inputs come. ``batch_sync`` (a first stage in an
+    aggregation group): micro-batch m starts once every member finished m - 1, the
+    split-learning paper's batch, released to every client at once.
     """
 
     run: int
@@ -93,6 +95,7 @@ class StageSpec:
     shard: tuple[int, int] | None = None
     shard_split: str = "iid"
     turns: tuple[tuple[int, str, int, int, int], ...] = ()
+    batch_sync: bool = False
 
     def __post_init__(self) -> None:
         self.check()
@@ -230,6 +233,9 @@ class StageSpec:
         if self.shard is not None and not 0 <= self.shard[0] < self.shard[1]:
             raise fail("shard", "must be [index, count] with 0 <= index < count",
                        list(self.shard))
+        if self.batch_sync and not (self.first and self.group):
+            raise fail("batch_sync", "a batch barrier is among the first stages of an "
+                       "aggregation group")
         if self.shard_split not in SHARD_SPLITS:
             raise fail("shard_split", f"must be one of {', '.join(SHARD_SPLITS)}",
                        self.shard_split)
@@ -326,7 +332,8 @@ class StageSpec:
             shard=read_optional(obj.get("shard"), _shard),
             shard_split=read_text(obj.get("shard_split", "iid"), "shard_split"),
             turns=tuple(_turn(t, f"turns[{i}]") for i, t in enumerate(
-                read_list(obj.get("turns") or [], "turns", maximum=MAX_TURNS))))
+                read_list(obj.get("turns") or [], "turns", maximum=MAX_TURNS))),
+            batch_sync=read_bool(obj.get("batch_sync", False), "batch_sync"))
 
 
 def _turn(raw: Any, name: str) -> tuple[int, str, int, int, int]:

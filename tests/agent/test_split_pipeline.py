@@ -290,3 +290,53 @@ def test_turns_round_trip_and_go_with_one_micro_batch_a_batch() -> None:
     with pytest.raises(ProtocolError, match="only a stage between two others"):
         spec(0, ["c", "h", "c"], flush_every=1, turns=(
             (0, "forward", 16, 0, 0), (0, "backward", 16, 0, 0), (0, "backward", 16, 0, 0)))
+
+
+def train_two_clients(*, batch_sync: bool, microbatches: int = 6) -> list[TimelineEvent]:
+    """Two clients on helpers of their own, the second client 6x slower; their part-1 stages
+    form an aggregation group (one round, at the end), with or without the batch barrier."""
+    torch.set_num_threads(1)
+    devices = [["client-0", "helper-0", "client-0"], ["client-1", "helper-1", "client-1"]]
+    planes = connected_planes(["client-0", "client-1", "helper-0", "helper-1"])
+    clock = Clock(started_at=time.time())
+    events: list[TimelineEvent] = []
+    errors: list[BaseException] = []
+    stages = [(j, k) for j in range(2) for k in range(3)]
+    modules = {(j, k): build_model("mlp", input_shape=DIGITS.input_shape, num_classes=10,
+                                   seed=0).stage(*LAYERS[k]) for j, k in stages}
+    group = (("client-0", 0, 0), ("client-1", 1, 0))
+
+    def run(i: int) -> None:
+        j, k = stages[i]
+        grouped: dict[str, object] = ({"round_every": microbatches, "group": group,
+                                       "batch_sync": batch_sync} if k == 0 else {})
+        stage = spec(k, devices[j], microbatches, 1, pipeline=j, **grouped)
+        try:
+            StageExecutor(stage, module=modules[(j, k)], plane=planes[devices[j][k]],
+                          clock=clock, dataset=DIGITS if reads_data(stage) else None,
+                          on_event=events.append, on_metric=lambda m: None,
+                          slowdown=6.0 if j == 1 and k != 1 else 1.0).run()
+        except BaseException as exc:  # surfaced by the assertion below
+            errors.append(exc)
+
+    run_stages(run, len(stages), planes.values())
+    assert not errors, errors
+    return events
+
+
+def runs_ahead(events: Sequence[TimelineEvent], microbatches: int) -> int:
+    """Batches some client began before every client had finished the one before."""
+    def part1(kind: str, m: int) -> list[TimelineEvent]:
+        return [e for e in events if e.stage == 0 and e.kind == kind and e.microbatch == m]
+
+    return sum(min(e.start for e in part1("forward", m))
+               < max(e.end for e in part1("backward", m - 1)) for m in range(1, microbatches))
+
+
+def test_a_batch_barrier_releases_each_batch_to_every_client_at_once() -> None:
+    # without it the fast client runs batches ahead of the slow one; with it none begins a
+    # batch before both finished the one before (the split-learning paper's batch)
+    assert runs_ahead(train_two_clients(batch_sync=False), 6) >= 3
+    assert runs_ahead(train_two_clients(batch_sync=True), 6) == 0
+    with pytest.raises(ProtocolError, match="batch_sync"):
+        spec(2, ["c", "h", "c"], 4, 1, batch_sync=True)

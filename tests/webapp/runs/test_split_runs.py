@@ -183,3 +183,14 @@ def test_the_rest_api_creates_a_split_run_and_names_a_bad_field(api: Any) -> Non
         assert refused.status_code == 400, (change, refused.json())
         assert field in {e["field"] for e in refused.json()["errors"]}, refused.json()
     assert Run.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_each_clients_part_1_waits_for_the_others_at_each_batch(sent) -> None:
+    run = split_run()
+    services.run_plan(run=run)
+    services.run_start(run=Run.objects.get(pk=run.pk))
+    specs = [StageSpec.from_json(c["spec"]) for _, c in sent if c["command"] == "deploy"]
+    assert {(s.stage, s.batch_sync) for s in specs} == {(0, True), (1, False), (2, False)}
+    # pipeline 0's parts go to the server after every round (its held-out accuracy)
+    assert {(s.pipeline == 0, s.global_every) for s in specs} == {(True, 4), (False, 0)}

@@ -200,5 +200,9 @@ def split_stage_specs(*, run: Run, document: dict[str, Any]) -> tuple[StageSpec,
     # after each round's FedAvg, pipeline 0's parts (the aggregated model) go to the server,
     # which measures the model's held-out accuracy (split_round_evaluate)
     # (one client alone has no group: its round is the run's batches all the same)
-    return tuple(replace(s, global_every=s.round_every or run.batches) if s.pipeline == 0
-                 else s for s in specs)
+    specs = tuple(replace(s, global_every=s.round_every or run.batches) if s.pipeline == 0
+                  else s for s in specs)
+    # the paper's batch: released to every client at once (each client's part-1 waits for
+    # the others to finish the batch before), so that a batch's makespan is the plan's
+    return tuple(replace(s, batch_sync=True) if s.stage == 0 and s.group else s
+                 for s in specs)
