@@ -12,24 +12,10 @@ backward end over the clients (the paper's completion time of the batch's last c
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Protocol
+from collections.abc import Sequence
 
 from orchestrator.events import TimelineEvent
 from orchestrator.sl.formats import Instance, Schedule
-
-
-class _Pass(Protocol):
-    @property
-    def stage(self) -> int: ...
-    @property
-    def kind(self) -> str: ...
-    @property
-    def microbatch(self) -> int: ...
-    @property
-    def start(self) -> float: ...
-    @property
-    def end(self) -> float: ...
 
 
 def batch_events(*, instance: Instance, schedule: Schedule, clients: Sequence[str],
@@ -61,20 +47,3 @@ def batch_events(*, instance: Instance, schedule: Schedule, clients: Sequence[st
         add(client, 2, "backward", j, loss_end, loss_end + instance.lp[j][i])
         add(client, 0, "backward", j, backward_end, backward_end + instance.rp[j][i])
     return tuple(sorted(events, key=lambda e: (e.start, e.end, e.device, e.pipeline)))
-
-
-def measured_makespans(events: Iterable[_Pass], *, clients: int) -> dict[int, float]:
-    """{batch: makespan in seconds} of the batches every one of ``clients`` finished (its
-    part-1 backward recorded): from the batch's first part-1 forward start to its last part-1
-    backward end. A preempted pass recorded in parts counts from its first to its last."""
-    starts: dict[int, float] = {}
-    ends: dict[int, list[float]] = {}
-    for e in events:
-        if e.stage != 0:
-            continue
-        if e.kind == "forward":
-            starts[e.microbatch] = min(starts.get(e.microbatch, e.start), e.start)
-        elif e.kind == "backward":
-            ends.setdefault(e.microbatch, []).append(e.end)
-    return {m: max(ends[m]) - starts[m] for m in sorted(ends)
-            if m in starts and len(ends[m]) >= clients}

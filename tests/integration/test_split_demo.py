@@ -2,8 +2,8 @@
 helper (web server, Celery worker and three agent processes on this machine, the embedded
 default) trains two rounds of six batches; every client trains every batch, the helper serves
 both pipelines, every stage of every pipeline aggregates at each round's end, and the summary
-has each round's training figures and the measured batch makespan against the plan's. Below,
-split_figures (webapp.demo.split_figures) on recorded events, no processes."""
+has each round's training figures and the measured batch makespan against the plan's
+(orchestrator.sl.measured, tested in tests/orchestrator/test_sl_measured.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.webapp.integration.stack import child_env, free_port
-from webapp.demo.split_figures import round_metrics, split_figures
 
 CLIENTS, ROUNDS, BATCHES = 2, 2, 6
 TRAINED = ROUNDS * BATCHES
@@ -108,60 +107,3 @@ def test_every_stage_of_every_pipeline_aggregates_at_each_rounds_end(split_demo)
                               and m // BATCHES == r + 1]
                 assert start >= max(this_round) - 1e-6, (j, stage, r)
                 assert not next_round or end <= min(next_round) + 1e-6, (j, stage, r)
-
-
-# --------------------------------------------------------------------------- split_figures
-
-
-def _event(kind: str, pipeline: int, m: int, start: float, end: float, *, stage: int = 0,
-           device: str = "") -> dict[str, Any]:
-    return {"kind": kind, "pipeline": pipeline, "microbatch": m, "start": start, "end": end,
-            "stage": stage, "device": device or f"c{pipeline}"}
-
-
-def test_a_batchs_makespan_spans_every_client_and_the_first_batch_is_left_out() -> None:
-    recorded = [
-        _event("forward", 0, 0, 0.0, 0.1), _event("backward", 0, 0, 0.3, 0.9),  # warm-up: 0.9
-        _event("forward", 1, 0, 0.05, 0.1), _event("backward", 1, 0, 0.2, 0.4),
-        _event("forward", 0, 1, 1.0, 1.1), _event("backward", 0, 1, 1.2, 1.3),  # 1.0 .. 1.5
-        _event("forward", 1, 1, 1.1, 1.2), _event("backward", 1, 1, 1.4, 1.5),
-        _event("forward", 0, 2, 2.0, 2.1), _event("backward", 0, 2, 2.2, 2.3),  # 2.0 .. 2.3
-        _event("forward", 1, 2, 2.0, 2.1), _event("backward", 1, 2, 2.2, 2.3),
-        _event("forward", 0, 3, 3.0, 3.1), _event("backward", 0, 3, 3.2, 3.3),  # client 1 lacks
-        _event("forward", 0, 1, 1.0, 1.05, stage=1, device="h"),  # the helper's: not part-1
-    ]
-    figures = split_figures(events=recorded, metrics=[], pipelines=2, batches_per_round=3,
-                            rounds=1, planned_makespan_s=0.2)
-    assert figures["batches_trained"] == 3
-    assert figures["makespan_measured_s"] == pytest.approx(0.4)  # median of 0.5 and 0.3
-    assert figures["makespan_ratio"] == pytest.approx(2.0)
-    assert figures["round_batch_s"] == pytest.approx(2.3 / 3)  # one complete round: 0 .. 2.3
-    assert figures["round_batch_ratio"] == pytest.approx(2.3 / 3 / 0.2)
-    nothing = split_figures(events=[], metrics=[], pipelines=2, batches_per_round=3, rounds=1,
-                            planned_makespan_s=0.0)
-    assert (nothing["makespan_measured_s"], nothing["makespan_ratio"],
-            nothing["makespan_planned_s"]) == (None, None, None)
-
-
-def test_points_go_to_the_round_before_their_devices_next_aggregate() -> None:
-    # client c0 aggregates at 1.0 and 3.0; c1, whose link is slower, at 1.5 and 3.5
-    recorded = [_event("aggregate", j, m, at, at + 0.2, stage=s)
-                for j, ats in ((0, (1.0, 3.0)), (1, (1.5, 3.5))) for s in (0, 2)
-                for m, at in zip((1, 3), ats, strict=True)]
-    points = [{"at": at, "kind": kind, "device": device, "value": value}
-              for device, at, loss in (("c0", 0.5, 2.0), ("c0", 0.9, 1.8), ("c1", 1.2, 1.6),
-                                       ("c0", 1.3, 1.0), ("c1", 1.9, 0.8), ("c1", 3.4, 0.6))
-              for kind, value in (("loss", loss), ("accuracy", loss / 4))]
-    points.append({"at": 0.1, "kind": "cpu_pct", "device": "c0", "value": 50.0})
-    rows = round_metrics(events=recorded, metrics=points, batches_per_round=2, rounds=2)
-    assert [(r["round"], r["points"]) for r in rows] == [(0, 3), (1, 3)]
-    assert rows[0]["loss"] == pytest.approx((2.0 + 1.8 + 1.6) / 3)
-    assert rows[1]["loss"] == pytest.approx((1.0 + 0.8 + 0.6) / 3)
-    assert rows[1]["accuracy"] == pytest.approx((1.0 + 0.8 + 0.6) / 12)
-    # a device with no aggregate of its own goes by the run's earliest; a point that names
-    # its micro-batch by it
-    other = round_metrics(events=recorded, metrics=[
-        {"at": 1.2, "kind": "loss", "device": "x", "value": 1.0},
-        {"at": 0.2, "kind": "loss", "device": "c0", "value": 3.0, "microbatch": 3}],
-        batches_per_round=2, rounds=3)
-    assert [r["points"] for r in other] == [0, 2, 0] and other[2]["loss"] is None

@@ -135,20 +135,3 @@ def test_a_schedules_batch_as_timeline_events_ends_at_its_makespan() -> None:
                           for s in segs if s.client == j)
         assert on_helper == segments
         assert {e.microbatch for e in mine} == {3} and {e.run for e in mine} == {7}
-
-
-def test_measured_makespans_span_each_batch_every_client_finished() -> None:
-    from orchestrator.events import TimelineEvent
-    from orchestrator.sl.planned import measured_makespans
-
-    def e(stage: int, kind: str, m: int, a: float, b: float, p: int) -> TimelineEvent:
-        return TimelineEvent(1, f"c{p}", stage, kind, m, 0, a, b, pipeline=p)
-
-    events = [e(0, "forward", 0, 0.0, 0.1, 0), e(0, "forward", 0, 0.2, 0.3, 1),
-              e(2, "backward", 0, 0.5, 0.6, 0),  # part-3: not the end of the batch
-              e(0, "backward", 0, 0.9, 1.0, 0), e(0, "backward", 0, 1.1, 1.4, 1),
-              e(0, "forward", 1, 1.5, 1.6, 0), e(0, "backward", 1, 1.9, 2.0, 0)]
-    # batch 1 lacks client 1's end: not counted
-    assert measured_makespans(events, clients=2) == {0: pytest.approx(1.4)}
-    assert measured_makespans(events, clients=1) == {0: pytest.approx(1.4),
-                                                     1: pytest.approx(0.5)}

@@ -2,7 +2,7 @@
 speed and links and a few fast helpers, a model profiled on every one, a split run planned
 with the split-learning methods (POST /api/runs/split/), their plans compared, one trained.
 Headless, it waits for the run's end and returns its summary with each round's training loss
-and accuracy and the measured batch makespan against the planned one (split_figures)."""
+and accuracy and the measured batch makespan against the planned one (orchestrator.sl.measured)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ from orchestrator.sl.solve import METHODS
 from webapp.demo.client import DemoError, wait_for
 from webapp.demo.demo import stop_run, timed
 from webapp.demo.scenario import FINAL_STATES, DemoAgent, LocalTestbed, chosen_plan
-from webapp.demo.split_figures import split_figures
-from webapp.runs.models import LR_MAX, MOMENTUM_MAX, MetricPoint, Plan, Run, TimelineEvent
-from webapp.runs.services.split_rounds import split_rounds
+from webapp.runs.models import LR_MAX, MOMENTUM_MAX, Run
+from webapp.runs.split_selectors import held_out_accuracy, split_summary
 
 SPLIT_METHODS = METHODS  # all five: exact proves its optimum of this small study in time
 HEADLESS_ROUNDS = 3
+INTERACTIVE_BATCHES = 10_000  # of every client: about 12 minutes of the default testbed
 EVALUATED_WAIT_S = 60.0  # how long a headless demo waits for the last rounds' held-out accuracy
 MAX_AGENTS = 16  # each agent is a process with torch loaded, on this machine
 # the clients' devices, in turn: (slowdown, link Mbit/s or None: this machine's, latency ms)
@@ -68,10 +68,12 @@ class SplitDemoOptions:
     run_timeout_s: float = 900.0
 
     def rounds_to_train(self) -> int:
-        """--rounds, else 3 headless, else as many as a run may train (until Ctrl-C)."""
+        """--rounds, else 3 headless, else enough to watch until Ctrl-C: INTERACTIVE_BATCHES
+        batches (each agent builds its stages' schedules for the whole run when it is
+        deployed: 50,000 batches took 31 s and 200 MB more per agent)."""
         if self.rounds is not None:
             return self.rounds
-        return HEADLESS_ROUNDS if self.headless else max(1, MAX_MICROBATCHES // self.batches)
+        return HEADLESS_ROUNDS if self.headless else max(1, INTERACTIVE_BATCHES // self.batches)
 
 
 # the API's fields (POST /api/runs/split/) by the demo's options
@@ -184,45 +186,6 @@ def assignment(testbed: LocalTestbed, run_id: int, plan_id: int) -> str:
                      for i in sorted(served) if i < len(helpers))
 
 
-def held_out_accuracy(run: Run) -> dict[int, float]:
-    """Each evaluated round's held-out accuracy of the aggregated model, by round from 0 (the
-    server measures it after each round's FedAvg: webapp.runs.services.split_rounds)."""
-    per_round = max(1, run.batches * run.microbatches)
-    return {int(r["applied"]) // per_round - 1: float(r["accuracy"])
-            for r in split_rounds(run=run) if "applied" in r and "accuracy" in r}
-
-
-def split_summary(*, run_id: int) -> dict[str, Any]:
-    """A finished (or running) split run in figures: what it trained, each round's mean
-    training loss and accuracy and the aggregated model's held-out accuracy after it
-    (``test_accuracy``, None until measured), the measured batch makespan against the
-    plan's."""
-    run = Run.objects.select_related("chosen_plan").get(pk=run_id)
-    plan: Plan | None = run.chosen_plan
-    settings = run.split or {}
-    events = list(TimelineEvent.objects.filter(run=run).values(
-        "device", "stage", "pipeline", "kind", "microbatch", "start", "end"))
-    metrics = MetricPoint.objects.filter(run=run, kind__in=("loss", "accuracy")).values(
-        "at", "kind", "device", "value")
-    planned = None
-    if plan is not None and isinstance(plan.document, dict):
-        planned = plan.document.get("makespan_s", plan.period_s)
-    figures = split_figures(events=events, metrics=metrics,
-                            pipelines=len(settings.get("clients") or ()),
-                            batches_per_round=run.batches, rounds=run.epochs,
-                            planned_makespan_s=planned)
-    held_out = held_out_accuracy(run)
-    for row in figures["rounds"]:
-        row["test_accuracy"] = held_out.get(row["round"])
-    return {"run": run.pk, "kind": "split", "state": run.state, "error": run.error or None,
-            "plan": None if plan is None else plan.algorithm,
-            "clients": len(settings.get("clients") or ()),
-            "helpers": len(settings.get("helpers") or ()),
-            "batches_per_round": run.batches, "rounds_planned": run.epochs,
-            "events": len(events),
-            "makespan_s": max((e["end"] for e in events), default=0.0), **figures}
-
-
 def wait_evaluated(testbed: LocalTestbed, run_id: int, say: Callable[[str], None]) -> None:
     """Wait a little for the held-out accuracy of every round the finished run trained (a
     Celery task measures each after the round's upload); say so when some does not come."""
@@ -276,7 +239,7 @@ def run_split_demo(options: SplitDemoOptions, *, say: Callable[[str], None] = pr
         if o.headless:
             testbed.wait_state(run_id, FINAL_STATES, o.run_timeout_s)
             wait_evaluated(testbed, run_id, say)
-            summary = split_summary(run_id=run_id)
+            summary = split_summary(run=Run.objects.get(pk=run_id))
             for r in summary["rounds"]:
                 if r["loss"] is not None:
                     held_out = ("" if r["test_accuracy"] is None

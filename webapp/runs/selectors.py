@@ -588,7 +588,12 @@ def run_summary(*, run: Run) -> dict[str, Any]:
     """A finished (or running) run in figures: what was trained, how fast against the
     simulator's prediction for the same plan and length, where the devices waited, and how
     the loss went. Throughputs count samples over the time from the run's start to its last
-    event, both measured and simulated, so they compare like for like."""
+    event, both measured and simulated, so they compare like for like. A split run's is its
+    own (webapp.runs.split_selectors.split_summary)."""
+    if run.kind == "split":
+        from webapp.runs.split_selectors import split_summary  # it builds on these selectors
+
+        return split_summary(run=run)
     timeline = [TimelineRecord(**row)
                 for row in _timeline_rows_json(run, TimelineEvent.objects.filter(run=run))]
     spec = run.model_spec

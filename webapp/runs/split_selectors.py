@@ -1,6 +1,7 @@
 """What the pages read of a split run: its plans' layouts, the chosen schedule's planned
 timeline (the live Gantt's ghost bars), each batch's makespan against the plan, each
-client's progress and each round's held-out accuracy."""
+client's progress and each round's held-out accuracy, and its summary (run_summary's for a
+split run)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ from typing import Any
 from django.db.models import Max
 
 from orchestrator.errors import FormatError
-from orchestrator.events import TimelineEvent
 from orchestrator.sl.formats import Instance, Schedule, parse_instance, parse_schedule
-from orchestrator.sl.planned import batch_events, measured_makespans
-from webapp.runs.models import Plan, Run
+from orchestrator.sl.measured import batch_spans, split_figures
+from orchestrator.sl.planned import batch_events
+from webapp.runs.models import MetricPoint, Plan, Run
 from webapp.runs.models import TimelineEvent as TimelineRow
 from webapp.runs.services.split_rounds import split_rounds
+from webapp.runs.states import Deployment
 
 
 def _layers(a: int, e: int) -> str:
@@ -116,11 +118,14 @@ def split_progress(*, run: Run) -> dict[str, Any]:
         else:
             planned = schedule.makespan * instance.slot_ms / 1000.0
             assignment = {c: helpers[schedule.assignment[j]] for j, c in enumerate(plan_clients)}
-    rows = (TimelineRow.objects.filter(run=run, stage=0, kind__in=("forward", "backward"))
-            .values_list("stage", "kind", "microbatch", "start", "end", "pipeline"))
-    passes = [TimelineEvent(run.pk, "", stage, kind, m, 0, a, b, pipeline=p)
-              for stage, kind, m, a, b, p in rows]
-    makespans = measured_makespans(passes, clients=len(clients))
+    passes = TimelineRow.objects.filter(run=run, stage=0, kind__in=("forward", "backward")
+                                        ).values("stage", "kind", "microbatch", "start", "end",
+                                                 "pipeline")
+    # a batch under way is one not every client of the plan now training has finished
+    current = Deployment.from_json(run.deployment).plan or (plan.document if plan else None)
+    training = len(current.get("clients") or ()) if isinstance(current, dict) else None
+    makespans = {m: end - start for m, (start, end) in batch_spans(passes, pipelines=training)
+                 .items()}
     done = dict(TimelineRow.objects.filter(run=run, stage=0, kind="backward")
                 .values_list("pipeline").annotate(m=Max("microbatch")).values_list("pipeline",
                                                                                     "m"))
@@ -133,3 +138,40 @@ def split_progress(*, run: Run) -> dict[str, Any]:
                      "batches": per_round * run.epochs} for j, c in enumerate(clients)],
         "round_batches": per_round, "rounds": split_rounds(run=run),
     }
+
+
+def held_out_accuracy(run: Run) -> dict[int, float]:
+    """Each evaluated round's held-out accuracy of the aggregated model, by round from 0 (the
+    server measures it after each round's FedAvg: webapp.runs.services.split_rounds)."""
+    per_round = max(1, run.batches * run.microbatches)
+    return {int(r["applied"]) // per_round - 1: float(r["accuracy"])
+            for r in split_rounds(run=run) if "applied" in r and "accuracy" in r}
+
+
+def split_summary(*, run: Run) -> dict[str, Any]:
+    """A finished (or running) split run in figures: what it trained, each round's mean
+    training loss and accuracy and the aggregated model's held-out accuracy after it
+    (``test_accuracy``, None until measured), the measured batch makespan against the
+    plan's."""
+    plan: Plan | None = run.chosen_plan
+    settings = run.split or {}
+    events = list(TimelineRow.objects.filter(run=run).values(
+        "device", "stage", "pipeline", "kind", "microbatch", "start", "end"))
+    metrics = MetricPoint.objects.filter(run=run, kind__in=("loss", "accuracy")).values(
+        "at", "kind", "device", "value")
+    planned = None
+    if plan is not None and isinstance(plan.document, dict):
+        planned = plan.document.get("makespan_s", plan.period_s)
+    figures = split_figures(events=events, metrics=metrics, pipelines=None,
+                            batches_per_round=run.batches, rounds=run.epochs,
+                            planned_makespan_s=planned)
+    held_out = held_out_accuracy(run)
+    for row in figures["rounds"]:
+        row["test_accuracy"] = held_out.get(row["round"])
+    return {"run": run.pk, "kind": "split", "state": run.state, "error": run.error or None,
+            "plan": None if plan is None else plan.algorithm,
+            "clients": len(settings.get("clients") or ()),
+            "helpers": len(settings.get("helpers") or ()),
+            "batches_per_round": run.batches, "rounds_planned": run.epochs,
+            "events": len(events),
+            "makespan_s": max((e["end"] for e in events), default=0.0), **figures}

@@ -1,5 +1,6 @@
-"""A split run's figures from what it recorded (pure: no database, no Django): each round's
-training loss and accuracy, and the measured batch makespan against the plan's.
+"""A split run's figures from what it recorded (timeline events and metric points as
+mappings): each round's training loss and accuracy, and the measured batch makespan against
+the plan's.
 
 - **Rounds.** The clients' part-3 report a ``loss`` and an ``accuracy`` point per batch. A
   point that names its micro-batch is in round ``microbatch // batches_per_round``. The
@@ -13,12 +14,11 @@ training loss and accuracy, and the measured batch makespan against the plan's.
   earliest start of a client's part-1 (stage 0) forward of m to the latest end of a client's
   part-1 backward of m, over every client (pipeline). The measured figure is the median
   over the batches after the first (the first pays for warming up); planned is the plan's
-  ``makespan_s``. The agents release no batch to all clients at once, as the paper's model
-  and the benchmark's barrier do: a client whose helper and link are faster runs batches
-  ahead of the others until the round's FedAvg waits for them, and that drift is in the
-  span of a batch over the clients. So a second figure: each round's time (from its first
-  part-1 forward to its last part-1 backward, over every client) over its batches, the
-  median over the rounds (the first included: a round's first batch only warms it up).
+  ``makespan_s``. The agents release each batch to every client at once (a stage spec's
+  ``batch_sync``), as the paper's model does. A second figure: each round's time (from its
+  first part-1 forward to its last part-1 backward, over every client) over its batches, the
+  median over the rounds (the first included: a round's first batch only warms it up): the
+  pace, with the barrier's own cost in it.
 """
 
 from __future__ import annotations
@@ -82,10 +82,11 @@ def round_metrics(*, events: Sequence[Mapping[str, Any]],
     return out
 
 
-def batch_spans(events: Iterable[Mapping[str, Any]], *, pipelines: int
+def batch_spans(events: Iterable[Mapping[str, Any]], *, pipelines: int | None
                 ) -> dict[int, tuple[float, float]]:
-    """Each batch's span (start, end; its makespan is end - start), for the batches every one
-    of the ``pipelines`` clients forwarded and backwarded on its part-1 (stage 0)."""
+    """Each batch's span (start, end; its makespan is end - start), for the batches at least
+    ``pipelines`` clients (any number with None) forwarded on their part-1 (stage 0) and
+    every one of them backwarded (after a recovery, fewer clients train a batch)."""
     starts: dict[int, dict[int, float]] = defaultdict(dict)
     ends: dict[int, dict[int, float]] = defaultdict(dict)
     for e in events:
@@ -97,7 +98,8 @@ def batch_spans(events: Iterable[Mapping[str, Any]], *, pipelines: int
         else:
             ends[m][j] = max(ends[m].get(j, -math.inf), e["end"])
     return {m: (min(starts[m].values()), max(ends[m].values())) for m in sorted(starts)
-            if len(starts[m]) == pipelines and len(ends.get(m, {})) == pipelines}
+            if set(ends.get(m, {})) >= set(starts[m])
+            and len(starts[m]) >= (pipelines or 0)}
 
 
 def round_batch_s(spans_by_batch: Mapping[int, tuple[float, float]], *,
@@ -112,7 +114,7 @@ def round_batch_s(spans_by_batch: Mapping[int, tuple[float, float]], *,
 
 
 def split_figures(*, events: Sequence[Mapping[str, Any]],
-                  metrics: Iterable[Mapping[str, Any]], pipelines: int,
+                  metrics: Iterable[Mapping[str, Any]], pipelines: int | None,
                   batches_per_round: int, rounds: int,
                   planned_makespan_s: float | None) -> dict[str, Any]:
     """The summary's split figures: ``rounds`` (round_metrics), ``batches_trained`` (batches
