@@ -33,25 +33,22 @@ from typing import Any
 ROUND_METRICS = ("loss", "accuracy")
 
 
-def _aggregate_starts(events: Sequence[Mapping[str, Any]]
+def _aggregate_starts(events: Sequence[Mapping[str, Any]], batches_per_round: int
                       ) -> tuple[dict[str, list[float]], list[float]]:
-    """Round boundaries: per device, the start of its k-th aggregate (the earliest over its
-    stages' k-th); and the run's, the earliest over every stage's k-th."""
-    by_stage: dict[tuple[str, int, int], list[float]] = defaultdict(list)
+    """Round boundaries, by the round each aggregate ends (its micro-batch): per device, the
+    earliest start of its stages' aggregates of round k; and the run's, the earliest over
+    every stage's. By the micro-batch, not by the count: after a recovery a client's
+    pipeline has another number, and an interrupted round has no aggregate."""
+    per_round: dict[str, dict[int, float]] = defaultdict(dict)
+    everyone: dict[int, float] = {}
     for e in events:
-        if e["kind"] == "aggregate":
-            by_stage[(e["device"], e.get("pipeline", 0), e["stage"])].append(e["start"])
-    per_device: dict[str, list[float]] = {}
-    everyone: list[float] = []
-    for (device, _, _), starts in by_stage.items():
-        starts.sort()
-        for target in (per_device.setdefault(device, []), everyone):
-            for k, start in enumerate(starts):
-                if k < len(target):
-                    target[k] = min(target[k], start)
-                else:
-                    target.append(start)
-    return per_device, everyone
+        if e["kind"] != "aggregate":
+            continue
+        k = (int(e["microbatch"]) + 1) // max(1, batches_per_round) - 1
+        for target in (per_round[e["device"]], everyone):
+            target[k] = min(target.get(k, math.inf), e["start"])
+    return ({device: [rounds[k] for k in sorted(rounds)] for device, rounds in per_round.items()},
+            [everyone[k] for k in sorted(everyone)])
 
 
 def round_metrics(*, events: Sequence[Mapping[str, Any]],
@@ -61,7 +58,7 @@ def round_metrics(*, events: Sequence[Mapping[str, Any]],
     points each mean is of ({round, points, loss, accuracy}; rounds from 0, the figures None
     for a round with no point). ``events``: timeline events (device, stage, pipeline, kind,
     start); ``metrics``: points (at, kind, device, value; microbatch when known)."""
-    per_device, everyone = _aggregate_starts(events)
+    per_device, everyone = _aggregate_starts(events, batches_per_round)
     sums: dict[tuple[int, str], list[float]] = defaultdict(list)
     for p in metrics:
         if p["kind"] not in ROUND_METRICS or not math.isfinite(p["value"]):

@@ -73,3 +73,15 @@ def test_after_a_recovery_a_batch_spans_the_clients_that_began_it() -> None:
     assert batch_spans(recorded, pipelines=None) == {0: (0.0, 0.6), 1: (1.0, 1.3)}
     assert batch_spans(recorded, pipelines=2) == {0: (0.0, 0.6)}
     assert batch_spans(recorded, pipelines=1) == {0: (0.0, 0.6), 1: (1.0, 1.3)}
+
+
+def test_a_recovery_that_renumbers_a_clients_pipeline_keeps_its_rounds() -> None:
+    # c0 is pipeline 2 in the first generation (round 0 ends at batch 1) and pipeline 1 after
+    # a recovery (rounds 1 and 2 end at batches 3 and 5): its boundaries are 1.0, 3.0, 5.0
+    recorded = [_event("aggregate", 2, 1, 1.0, 1.1, device="c0"),
+                _event("aggregate", 1, 3, 3.0, 3.1, device="c0"),
+                _event("aggregate", 1, 5, 5.0, 5.1, device="c0")]
+    points = [{"at": at, "kind": "loss", "device": "c0", "value": 1.0}
+              for at in (0.5, 2.0, 2.5, 4.0, 4.5)]
+    rows = round_metrics(events=recorded, metrics=points, batches_per_round=2, rounds=3)
+    assert [r["points"] for r in rows] == [1, 2, 2]

@@ -16,6 +16,7 @@ from orchestrator.sl.solve import METHODS
 from webapp.demo.client import DemoError, wait_for
 from webapp.demo.demo import stop_run, timed
 from webapp.demo.scenario import FINAL_STATES, DemoAgent, LocalTestbed, chosen_plan
+from webapp.demo.triggers import When
 from webapp.runs.models import LR_MAX, MOMENTUM_MAX, Run
 from webapp.runs.split_selectors import held_out_accuracy, split_summary
 
@@ -66,6 +67,8 @@ class SplitDemoOptions:
     momentum: float | None = None
     headless: bool = False
     run_timeout_s: float = 900.0
+    kill_agents: tuple[str, ...] = ()  # fault injection: these agents are killed (SIGKILL)
+    kill_agent_at_batch: int | None = None  # once the run has trained this many batches
 
     def rounds_to_train(self) -> int:
         """--rounds, else 3 headless, else enough to watch until Ctrl-C: INTERACTIVE_BATCHES
@@ -120,6 +123,19 @@ def check_options(o: SplitDemoOptions) -> None:
     if not 0 < o.time_limit_s <= 600:
         raise DemoError(f"--time-limit must be above 0 and at most 600 s, got "
                         f"{o.time_limit_s:g}")
+    names = {a.name for a in (*client_agents(o.clients), *helper_agents(o.helpers))}
+    for name in o.kill_agents:
+        if name not in names:
+            raise DemoError(f"--kill-agent: no agent named {name!r}; the agents: "
+                            f"{', '.join(sorted(names))}")
+    if bool(o.kill_agents) != (o.kill_agent_at_batch is not None):
+        raise DemoError("--kill-agent NAME and --kill-agent-at-batch N go together with "
+                        "--split")
+    if o.kill_agent_at_batch is not None and not (
+            1 <= o.kill_agent_at_batch <= o.rounds_to_train() * o.batches):
+        raise DemoError(f"--kill-agent-at-batch must be from 1 to "
+                        f"{o.rounds_to_train() * o.batches:,} (the batches the run trains), "
+                        f"got {o.kill_agent_at_batch}")
     if o.lr is not None and not 0 < o.lr <= LR_MAX:
         raise DemoError(f"--lr must be above 0 and at most {LR_MAX:g}, got {o.lr:g}")
     if o.momentum is not None and not 0 <= o.momentum <= MOMENTUM_MAX:
@@ -236,6 +252,11 @@ def run_split_demo(options: SplitDemoOptions, *, say: Callable[[str], None] = pr
             f"{row['period_s'] * 1000:.1f} ms): {assignment(testbed, run_id, row['plan'])}")
         testbed.start(run_id, row["plan"])
         say(f"training: open {testbed.url}/runs/{run_id}/ to watch it live")
+        if o.kill_agents and o.kill_agent_at_batch is not None:
+            when = When(batches=o.kill_agent_at_batch)
+            say(f"fault injection: {', '.join(o.kill_agents)} will be killed "
+                f"{when.describe()}")
+            testbed.kill_agent_at(run_id, [testbed.agent_named(n) for n in o.kill_agents], when)
         if o.headless:
             testbed.wait_state(run_id, FINAL_STATES, o.run_timeout_s)
             wait_evaluated(testbed, run_id, say)

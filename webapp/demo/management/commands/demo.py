@@ -23,7 +23,6 @@ PIPELINE_ONLY = {
     "microbatches": "--microbatches", "schedule": "--schedule",
     "repartition_every": "--repartition-every", "chain_every": "--chain-every",
     "global_every": "--global-every", "kill_agent_at": "--kill-agent-at",
-    "kill_agent_at_batch": "--kill-agent-at-batch", "kill_agent": "--kill-agent",
     "pause_at": "--pause-at", "pause_at_batch": "--pause-at-batch", "pause_for": "--pause-for",
     "slow_agent_at": "--slow-agent-at", "slow_agent": "--slow-agent", "slow_to": "--slow-to",
     "vertical_sync": "--no-vertical-sync", "aggregate_every": "--aggregate-every"}
@@ -82,11 +81,12 @@ class Command(BaseCommand):
                                  "N batches instead (the same point of training on a fast "
                                  "machine or a loaded one); at the --pause-at-batch batch the "
                                  "kill waits until the run is paused, so that the device is "
-                                 "lost while it is paused")
+                                 "lost while it is paused (--split: with --kill-agent)")
         parser.add_argument("--kill-agent", default="", metavar="NAME[,NAME...]",
                             help="the agent --kill-agent-at or --kill-agent-at-batch kills, or "
                                  "several (comma-separated, killed at once) (default: the "
-                                 "device of the middle stage of the chosen plan)")
+                                 "device of the middle stage of the chosen plan; --split: "
+                                 "say which, as sl-helper-1 or sl-client-2)")
 
         parser.add_argument("--pause-at", type=_positive_seconds, default=None,
                             metavar="SECONDS",
@@ -215,8 +215,9 @@ def _split_options(options: dict[str, Any]) -> SplitDemoOptions:
         rounds=options["rounds"], shard_split=options["shard_split"],
         algorithms=_methods(options, SPLIT_METHODS), plan=options["plan"] or "best",
         time_limit_s=options["time_limit"], slot_ms=options["slot_ms"], lr=options["lr"],
-        momentum=options["momentum"],
-        headless=options["headless"])
+        momentum=options["momentum"], headless=options["headless"],
+        kill_agents=tuple(a.strip() for a in options["kill_agent"].split(",") if a.strip()),
+        kill_agent_at_batch=options["kill_agent_at_batch"])
 
 
 def _positive_seconds(text: str) -> float:
