@@ -24,15 +24,20 @@ Turns = tuple[tuple[int, str, int, int, int], ...]
 def run_plan_specs(run_plan: RunPlan, *, shared: Mapping[str, Any],
                    turns: Mapping[str, Turns] | None = None,
                    shard_split: str | None = None,
-                   shards: Sequence[tuple[int, int]] | None = None) -> tuple[StageSpec, ...]:
+                   shards: Sequence[tuple[int, int]] | None = None,
+                   batch_sizes: Sequence[int] | None = None) -> tuple[StageSpec, ...]:
     """Every stage spec of ``run_plan``, by pipeline, stage and device. ``shared`` holds the
     fields every spec has alike (run, model, dataset, batch size, SGD settings, seed, ...);
     ``turns`` the order of a device's stages' passes (orchestrator.sl.turns.run_turns), in
     each of its specs. With ``shard_split``, pipeline p trains shard ``shards[p]`` (index,
-    count) of the training set, by default (p, pipelines)."""
+    count) of the training set, by default (p, pipelines). ``batch_sizes``: each pipeline's
+    micro-batch size, when they differ (PipeLearn's ``B // N``), else ``shared``'s."""
     if shards is not None and len(shards) != len(run_plan.pipelines):
         raise ValueError(f"shards: needs one (index, count) per pipeline "
                          f"({len(run_plan.pipelines)}), got {len(shards)}")
+    if batch_sizes is not None and len(batch_sizes) != len(run_plan.pipelines):
+        raise ValueError(f"batch_sizes: needs one per pipeline ({len(run_plan.pipelines)}), "
+                         f"got {len(batch_sizes)}")
     taking_turns = turns or {}
     specs = []
     for p, plan in enumerate(run_plan.pipelines):
@@ -46,9 +51,10 @@ def run_plan_specs(run_plan: RunPlan, *, shared: Mapping[str, Any],
                            "group": tuple((run_plan.pipelines[q].stages[s].devices[0], q, s)
                                           for q, s in group.members),
                            "group_weight": group.weight(member)}
+            sized = {} if batch_sizes is None else {"batch_size": batch_sizes[p]}
             for device in stage.devices:
                 specs.append(StageSpec(
-                    **shared, device=device, stage=k, layers=stage.layers,
+                    **{**shared, **sized}, device=device, stage=k, layers=stage.layers,
                     schedule=plan.schedule, stage_devices=stage_devices,
                     stage_times_s=tuple((1.0,) * len(s.devices) for s in plan.stages),
                     microbatches=run_plan.microbatches[p], flush_every=plan.microbatches,

@@ -31,6 +31,7 @@ from webapp.runs.models import (
     Run,
 )
 from webapp.runs.models import TimelineEvent as TimelineRow
+from webapp.runs.pipelearn_selectors import pipelearn_plan_layout
 from webapp.runs.selectors import plan_best, run_list, run_summary
 from webapp.runs.split_selectors import split_plan_layout
 from webapp.runs.states import ACTIVE, Deployment, RunState
@@ -258,6 +259,8 @@ def plan_layout(*, document: Any, names: dict[str, str], plan: Plan | None = Non
     doc = document if isinstance(document, dict) else {}
     if doc.get("kind") == "split":
         return split_plan_layout(document=doc, names=names, plan=plan)
+    if doc.get("kind") == "pipelearn":
+        return pipelearn_plan_layout(document=doc, names=names, plan=plan)
     raw_beta = doc.get("beta")
     has_beta = isinstance(raw_beta, dict) and bool(raw_beta)
     stages = []

@@ -17,7 +17,10 @@ LR_MAX = 100.0  # a run's SGD learning rate is above 0 and at most this
 MOMENTUM_MAX = 0.999  # a run's SGD momentum is from 0 to this (at 1 the buffers never decay)
 RECOVERY_POLICIES = ("replan", "respipe")  # what a run does after a failure (recovery_policy)
 AGGREGATE_EVERY_MAX = 1000  # a run's aggregate_every is from 0 (off) to this
-RUN_KINDS = ("pipeline", "split")  # one pipeline of stages, or parallel split learning
+# one pipeline of stages; parallel split learning; PipeLearn (or its baselines SFL and FL)
+RUN_KINDS = ("pipeline", "split", "pipelearn")
+# the kinds whose devices may hold stages of several pipelines (RunDevice.parts)
+MULTI_PIPELINE_KINDS = ("split", "pipelearn")
 
 
 class Run(models.Model):
@@ -36,6 +39,10 @@ class Run(models.Model):
         default=dict, blank=True,
         help_text="a split run's settings (webapp.runs.split.SplitSettings): clients, "
                   "helpers, cuts, slot_ms, shard_split, time_limit_s, switch_slots")
+    pipelearn = models.JSONField(
+        default=dict, blank=True,
+        help_text="a PipeLearn run's settings (webapp.runs.services.pipelearn): server, "
+                  "clients, batch_size (B, split into N micro-batches), shard_split")
     model_spec = models.ForeignKey(ModelSpec, on_delete=models.PROTECT, related_name="runs")
     devices = models.ManyToManyField(Device, through="RunDevice", related_name="runs")
     algorithms = models.JSONField(help_text="planner names (orchestrator.partition.PLANNERS)")

@@ -51,7 +51,7 @@ from orchestrator.redistribution import tensor_layer
 from webapp.common.exceptions import ApplicationError, Conflict, FieldError, InvalidInput
 from webapp.devices.models import Device
 from webapp.devices.selectors import model_num_layers
-from webapp.runs.models import Run, WeightReplica
+from webapp.runs.models import MULTI_PIPELINE_KINDS, Run, WeightReplica
 from webapp.runs.states import ACTIVE, Deployment, Recovery, RunState
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ def _current_plans(run: Run) -> list[dict[str, Any]]:
 def _stages(document: dict[str, Any]) -> list[tuple[int, int, tuple[str, ...]]]:
     """``(first, last, device uids)`` of each stage of a stored plan document (of a split
     plan: of its run plan's pipelines)."""
-    if document.get("kind") == "split":
+    if document.get("kind") in MULTI_PIPELINE_KINDS:
         run_plan = document.get("run_plan")
         pipelines = run_plan.get("pipelines") if isinstance(run_plan, dict) else None
         return [stage for pipeline in pipelines if isinstance(pipeline, dict)

@@ -594,6 +594,10 @@ def run_summary(*, run: Run) -> dict[str, Any]:
         from webapp.runs.split_selectors import split_summary  # it builds on these selectors
 
         return split_summary(run=run)
+    if run.kind == "pipelearn":
+        from webapp.runs.pipelearn_selectors import pipelearn_summary  # likewise
+
+        return pipelearn_summary(run=run)
     timeline = [TimelineRecord(**row)
                 for row in _timeline_rows_json(run, TimelineEvent.objects.filter(run=run))]
     spec = run.model_spec

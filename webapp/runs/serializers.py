@@ -16,10 +16,14 @@ class RunDeviceOutput(serializers.Serializer):
 class RunOutput(serializers.Serializer):
     id = serializers.IntegerField()
     name = serializers.CharField()
-    kind = serializers.CharField(help_text="pipeline, or split (parallel split learning)")
+    kind = serializers.CharField(help_text="pipeline, split (parallel split learning) or "
+                                           "pipelearn (PipeLearn and its baselines)")
     split = serializers.JSONField(help_text="a split run's clients, helpers (device uids), "
                                             "cuts, slot_ms, shard_split, time_limit_s, "
                                             "switch_slots, seed; {} for a pipeline run")
+    pipelearn = serializers.JSONField(help_text="a PipeLearn run's server, clients (device "
+                                                "uids), batch_size B and shard_split; {} "
+                                                "otherwise")
     model_spec = serializers.IntegerField(source="model_spec_id")
     devices = RunDeviceOutput(source="run_devices", many=True)
     algorithms = serializers.ListField(child=serializers.CharField())

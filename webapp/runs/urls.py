@@ -1,10 +1,12 @@
 from django.urls import path
 
-from webapp.runs import apis, split_apis
+from webapp.runs import apis, pipelearn_apis, split_apis
 
 urlpatterns = [
     path("runs/", apis.RunListCreateApi.as_view(), name="run-list"),
     path("runs/split/", split_apis.SplitRunCreateApi.as_view(), name="split-run-create"),
+    path("runs/pipelearn/", pipelearn_apis.PipelearnRunCreateApi.as_view(),
+         name="pipelearn-run-create"),
     path("runs/<int:run_id>/", apis.RunDetailApi.as_view(), name="run-detail"),
     path("runs/<int:run_id>/plan/", apis.RunPlanApi.as_view(), name="run-plan"),
     path("runs/<int:run_id>/start/", apis.RunStartApi.as_view(), name="run-start"),

@@ -93,7 +93,9 @@ def lose(run: Run, lost: Sequence[RunDevice], *, reason: str, detected_by: str,
           cause: str = "failure", decision: dict[str, Any] | None = None) -> Run:
     """With the run locked: mark ``lost`` and (re)start its recovery; every other staged
     device halts and reports what it holds. A dynamic re-partition is a recovery that lost
-    nobody."""
+    nobody. A PipeLearn run does not recover (yet): it fails, naming what it lost."""
+    if run.kind == "pipelearn":
+        return _pipelearn_lost(run, lost, reason=reason, detected_by=detected_by)
     ongoing = Recovery.from_json(run.recovery) if run.state == RunState.RECOVERING else None
     if ongoing is None:
         deployment = replace(Deployment.from_json(run.deployment),
@@ -137,6 +139,20 @@ def lose(run: Run, lost: Sequence[RunDevice], *, reason: str, detected_by: str,
     if not survivors:
         return _replan(run)
     return run
+
+def _pipelearn_lost(run: Run, lost: Sequence[RunDevice], *, reason: str,
+                    detected_by: str) -> Run:
+    for rd in lost:
+        rd.stage_state = S.LOST
+        rd.save(update_fields=["stage_state"])
+        control_event(run, "device_lost", device=rd.device.uid,
+                      detail={"reason": reason, "detected_by": detected_by})
+    server = (run.pipelearn or {}).get("server")
+    names = ", ".join(f"{rd.device.name!r} ({rd.device.uid})" for rd in lost)
+    what = "its server" if any(rd.device.uid == server for rd in lost) else "a device"
+    return fail_run(run, f"the PipeLearn run lost {what}, {names} ({reason}); it does not "
+                         "re-plan around a lost device yet: start it again on the devices left")
+
 
 def run_device_back(*, device: Device) -> None:
     """A device lost from an active run has connected again: say so on the run's timeline; it
@@ -196,6 +212,7 @@ def _replan(run: Run) -> Run:
                              f"{', '.join(recovery.lost)})")
     if run.kind == "split":
         return split_replan(run, recovery, usable)
+
     try:
         profile, all_devices, cm = next_generation_inputs(run, usable)
         # a dynamic re-partition deploys the plan its break-even was judged on (it deployed

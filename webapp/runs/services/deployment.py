@@ -14,6 +14,7 @@ from orchestrator.simulator import schedule_inputs
 from webapp.devices.commands import command_build, device_command_send
 from webapp.devices.services import data_peers
 from webapp.runs.models import (
+    MULTI_PIPELINE_KINDS,
     Plan,
     Run,
     RunDevice,
@@ -23,6 +24,7 @@ from webapp.runs.services.control import (
     ACTIVE_DEVICE,
     fail_run,
 )
+from webapp.runs.services.pipelearn import pipelearn_stage_specs
 from webapp.runs.services.split import split_stage_specs
 
 log = logging.getLogger(__name__)
@@ -70,9 +72,10 @@ def spec_fields(*, run: Run, document: PlanDocument, cm: CostModel) -> dict[str,
 def _plan_specs(run: Run, plan: Plan) -> dict[str, list[StageSpec]]:
     """What each device of ``plan`` runs, by device uid: one stage, or (a split run) every
     stage it holds in any pipeline."""
-    if run.kind == "split":
+    if run.kind in MULTI_PIPELINE_KINDS:
+        specs_of = split_stage_specs if run.kind == "split" else pipelearn_stage_specs
         held: dict[str, list[StageSpec]] = {}
-        for spec in split_stage_specs(run=run, document=plan.document):
+        for spec in specs_of(run=run, document=plan.document):
             held.setdefault(spec.device, []).append(spec)
         return held
     return {uid: [spec] for uid, spec in stage_specs(run=run, plan=plan).items()}
@@ -108,7 +111,7 @@ def deploy_plan(run: Run, plan: Plan) -> Run:
         rd.stage_error = ""
         rd.parts = [{"pipeline": s.pipeline, "stage": s.stage,
                      "state": RunDevice.StageState.DEPLOYING} for s in held
-                    ] if run.kind == "split" else []
+                    ] if run.kind in MULTI_PIPELINE_KINDS else []
         rd.save(update_fields=["stage", "stage_state", "stage_error", "parts"])
         for spec in held:
             device_command_send(uid=uid, command=command_build(

@@ -41,6 +41,7 @@ from webapp.runs.services.control import (
 )
 from webapp.runs.services.creation import check_algorithms
 from webapp.runs.services.deployment import deploy_plan
+from webapp.runs.services.pipelearn import check_methods as check_pipelearn_methods
 from webapp.runs.services.split import check_methods
 from webapp.runs.states import ACTIVE, Deployment, Recovery, RunState, check_transition
 
@@ -62,7 +63,8 @@ def run_plan(*, run: Run, algorithms: Sequence[str] | None = None) -> Run:
     """Queue planning: one plan per algorithm, each computed by a Celery task; the run is
     planning until all are computed. Plans from an earlier planning are replaced."""
     locked = lock_run(run)
-    check = check_methods if locked.kind == "split" else check_algorithms
+    check = {"split": check_methods, "pipelearn": check_pipelearn_methods}.get(
+        locked.kind, check_algorithms)
     chosen = check(algorithms) if algorithms is not None else locked.algorithms
     check_transition(entity=f"run {locked.pk}", state=locked.state, target=RunState.PLANNING,
                      action="plan")

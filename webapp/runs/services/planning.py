@@ -31,6 +31,7 @@ from webapp.runs.services.control import (
     move_run,
 )
 from webapp.runs.services.deployment import spec_fields
+from webapp.runs.services.pipelearn import pipelearn_plan_figures
 from webapp.runs.services.split import split_plan_figures
 from webapp.runs.states import RunState
 
@@ -180,6 +181,8 @@ def _plan_outcome(plan: Plan, progress: TrainingProgress | None) -> tuple[str, d
     try:
         if plan.run.kind == "split":
             return Plan.Status.DONE, split_plan_figures(plan)
+        if plan.run.kind == "pipelearn":
+            return Plan.Status.DONE, pipelearn_plan_figures(plan)
         return Plan.Status.DONE, _plan_figures(plan, progress)
     except (PlanningError, FormatError, ValueError) as exc:
         return Plan.Status.FAILED, {"error": str(exc)}

@@ -17,7 +17,7 @@ from agent.data import DataError, load_dataset
 from agent.weights import WeightError, from_bytes, load_layer_state
 from agent.zoo import build_model
 from webapp.runs import events, selectors
-from webapp.runs.models import FaultEvent, MetricPoint, Run, WeightReplica
+from webapp.runs.models import MULTI_PIPELINE_KINDS, FaultEvent, MetricPoint, Run, WeightReplica
 from webapp.runs.replicas import ReplicaMissing, replica_read
 from webapp.runs.services.control import control_event, run_clock
 from webapp.runs.services.ingest import metric_points_store
@@ -42,7 +42,7 @@ def split_round_stored(*, run: Run, applied: int) -> bool:
     """A replica of ``run`` at ``applied`` was stored: when every part of pipeline 0 at
     ``applied`` is there, queue the round's evaluation (once the upload commits). Whether
     it was queued."""
-    if run.kind != "split":
+    if run.kind not in MULTI_PIPELINE_KINDS:
         return False
     parts = _parts(run)
     held = set(WeightReplica.objects.filter(run=run, applied=applied)
