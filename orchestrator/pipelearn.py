@@ -126,7 +126,9 @@ class Edge:
 @dataclass(frozen=True)
 class StageTimes:
     """Equations 5-10: the time of each stage for the whole batch of one device (seconds), and
-    the latency of a transfer."""
+    the latency of a transfer; ``pass_s``, what each stage of :data:`STAGES` costs per
+    micro-batch beyond its share of the batch (a pass's fixed overhead and its messages, as
+    the runtime measures them: overhead_s, message_s; 0 in the paper's model)."""
 
     device_forward_s: float
     upload_s: float
@@ -135,12 +137,35 @@ class StageTimes:
     download_s: float
     device_backward_s: float
     latency_s: float = 0.0
+    pass_s: tuple[float, ...] = (0.0,) * 6
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            value = getattr(self, f.name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"{f.name} must be a finite number >= 0, got {value!r}")
+            values = getattr(self, f.name)
+            for value in (values if f.name == "pass_s" else (values,)):
+                if not isinstance(value, (int, float)) or not math.isfinite(value) \
+                        or value < 0:
+                    raise ValueError(f"{f.name} must be a finite number >= 0, got {value!r}")
+        if len(self.pass_s) != len(STAGES):
+            raise ValueError(f"pass_s needs one time per stage ({len(STAGES)}), got "
+                             f"{len(self.pass_s)}")
+
+    @property
+    def fixed(self) -> bool:
+        """Does a micro-batch cost something of its own (then more of them is not free)?"""
+        return any(self.pass_s)
+
+    def micro_s(self, stage: str, parallel_batches: int) -> float:
+        """One micro-batch's time in ``stage`` when the batch is split in that many."""
+        return self.of(stage) / parallel_batches + self.pass_s[STAGES.index(stage)]
+
+    def device_busy_s(self, parallel_batches: int) -> float:
+        """The device's compute time of one iteration of that many micro-batches."""
+        return self.device_s + parallel_batches * (self.pass_s[0] + self.pass_s[5])
+
+    def server_busy_s(self, parallel_batches: int) -> float:
+        """The server replica's compute time of one iteration."""
+        return self.server_s + parallel_batches * (self.pass_s[2] + self.pass_s[3])
 
     def of(self, stage: str) -> float:
         """The whole-batch time of one of :data:`STAGES`."""
@@ -164,8 +189,12 @@ class StageTimes:
         return (self.device_forward_s, self.upload_s, self.server_s, self.download_s,
                 self.device_backward_s)
 
-    def to_json(self) -> dict[str, float]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+    def to_json(self) -> dict[str, float | list[float]]:
+        out: dict[str, float | list[float]] = {f.name: getattr(self, f.name)
+                                               for f in fields(self) if f.name != "pass_s"}
+        if self.fixed:
+            out["pass_s"] = list(self.pass_s)
+        return out
 
 
 def _check_n(parallel_batches: int) -> None:
@@ -192,7 +221,7 @@ def iteration_time(*, stages: StageTimes, parallel_batches: int) -> float:
     the recurrences of Table I, each stage taking 1/N of its whole-batch time."""
     _check_n(parallel_batches)
     n = parallel_batches
-    f, u, sf, sb, d, b = (stages.of(s) / n for s in STAGES)
+    f, u, sf, sb, d, b = (stages.micro_s(s, n) for s in STAGES)
     lam = stages.latency_s
     upload = server = download = 0.0
     backward = n * f  # device backward 0 waits for the last device forward
@@ -222,7 +251,7 @@ def asap_schedule(*, stages: StageTimes,
     while ready:
         v = ready.popleft()
         start = max((out[e.before][1] + e.delay_s for e in incoming[v]), default=0.0)
-        out[v] = (start, start + stages.of(v[0]) / n)
+        out[v] = (start, start + stages.micro_s(v[0], n))
         for e in outgoing[v]:
             waiting[e.after] -= 1
             if waiting[e.after] == 0:
@@ -236,10 +265,12 @@ def closed_form_iteration_time(*, stages: StageTimes, parallel_batches: int) -> 
     """The longest path summed in closed form (module docstring); equals
     :func:`iteration_time`."""
     _check_n(parallel_batches)
-    res = stages.resources
-    top = max(res)
-    through_server = 2 * stages.latency_s + top + (sum(res) - top) / parallel_batches
-    return max(stages.device_s, through_server)
+    n = parallel_batches
+    f, u, sf, sb, d, b = (stages.micro_s(s, n) for s in STAGES)
+    per = (f, u, sf + sb, d, b)  # one micro-batch on each resource
+    top = max(per)
+    through_server = 2 * stages.latency_s + n * top + sum(per) - top
+    return max(n * (f + b), through_server)
 
 
 def _same_minibatch(n: int, batch_size: int) -> int:
@@ -287,15 +318,32 @@ def parallel_batches_within(*, stages: StageTimes, batch_size: int, tolerance: f
     return n
 
 
+def parallel_batches_fastest(*, stages: StageTimes, batch_size: int, tolerance: float) -> int:
+    """With a cost per micro-batch, more micro-batches stop paying once each costs more than
+    it overlaps: the smallest N in 1..B (with the same micro-batch size as the next) whose
+    closed-form time is within ``tolerance`` of the least over 1..B (O(B)). Only the N that
+    the authors' rounding keeps (the largest N of each micro-batch size) are candidates."""
+    _check_batch(batch_size)
+    times = {n: closed_form_iteration_time(stages=stages, parallel_batches=n)
+             for n in sorted({_same_minibatch(k, batch_size)
+                              for k in range(1, batch_size + 1)})}
+    best = min(times.values())
+    return min(n for n, t in times.items() if t <= (1 + tolerance) * best)
+
+
 def parallel_batches(*, stages: StageTimes, batch_size: int, rule: Rule = "saturated",
                      tolerance: float = DEFAULT_TOLERANCE) -> int:
     """N for one split by ``rule``: ``"eq14"`` (the paper) or ``"saturated"`` (the larger of
-    eq. 14 and :func:`parallel_batches_within`)."""
+    eq. 14 and :func:`parallel_batches_within`; with a cost per micro-batch, which makes the
+    time grow again past some N, :func:`parallel_batches_fastest`)."""
     n = parallel_batches_eq14(stages=stages, batch_size=batch_size)
     if rule == "eq14":
         return n
     if rule != "saturated":
         raise ValueError(f"unknown rule {rule!r}; known: {', '.join(RULES)}")
+    if stages.fixed:
+        return parallel_batches_fastest(stages=stages, batch_size=batch_size,
+                                        tolerance=tolerance)
     within = parallel_batches_within(stages=stages, batch_size=batch_size, tolerance=tolerance)
     return _same_minibatch(max(n, within), batch_size)
 
@@ -326,7 +374,11 @@ def stage_times(*, cm: CostModel, device: str, server: str, split: int, batch_si
     dev = cm.devices.device(device)
     r = batch_size / cm.profile.batch_size
     size = r * float(cm.output_bytes[split - 1])
+    # a pass's own cost per micro-batch (overhead and messages), the server's slowed too
+    device_f, device_b = cm.fixed_pass_s(d, 0, split - 1)
+    server_f, server_b = cm.fixed_pass_s(s, split, cm.num_layers - 1)
     return StageTimes(
+        pass_s=(device_f, 0.0, slowdown * server_f, slowdown * server_b, 0.0, device_b),
         device_forward_s=r * float(cm.fwd_prefix[d, split]),
         upload_s=size / dev.up_bps,
         server_forward_s=r * slowdown * float(cm.fwd_prefix[s, -1] - cm.fwd_prefix[s, split]),

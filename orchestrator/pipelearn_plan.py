@@ -178,8 +178,10 @@ def _fl_plan(setting: Setting, device: str) -> DevicePlan:
     cm = setting.cm
     d = cm.index(device)
     r = setting.batch_size / cm.profile.batch_size
+    forward, backward = cm.fixed_pass_s(d, 0, cm.num_layers - 1)
     stages = StageTimes(r * float(cm.fwd_prefix[d, -1]), 0.0, 0.0, 0.0, 0.0,
-                        r * float(cm.bwd_prefix[d, -1]))  # nothing crosses the network
+                        r * float(cm.bwd_prefix[d, -1]),  # nothing crosses the network
+                        pass_s=(forward, 0.0, 0.0, 0.0, 0.0, backward))
     dev = cm.devices.device(device)
     model = float(cm.param_prefix[-1])
     return DevicePlan(device=device, split=cm.num_layers, parallel_batches=1, stages=stages,
@@ -231,8 +233,8 @@ def evaluate(setting: Setting, method: str, plans: Sequence[DevicePlan], *,
     figures = tuple(DeviceFigures(
         train_s=iters * p.iteration_s,
         own_epoch_s=iters * p.iteration_s + p.model_up_s + p.model_down_s + 2 * p.latency_s,
-        device_idle_s=epoch - iters * p.stages.device_s,
-        replica_idle_s=epoch - iters * p.stages.server_s,
+        device_idle_s=epoch - iters * p.stages.device_busy_s(p.parallel_batches),
+        replica_idle_s=epoch - iters * p.stages.server_busy_s(p.parallel_batches),
         network_bps=(2 * iters * p.activation_bytes + 2 * p.model_bytes) / epoch,
     ) for p in plans)
     return MethodPlan(method=method, setting=setting, devices=tuple(plans),

@@ -246,3 +246,53 @@ def test_errors_name_the_bad_value(call: Any, message: str) -> None:
                          [(1, 1, 1.0), (4, 1, 4.0), (4, 2, 2.0), (3, 8, 1.0)])
 def test_server_slowdown(clients: int, parallelism: int, expected: float) -> None:
     assert server_slowdown(clients=clients, parallelism=parallelism) == expected
+
+
+# ------------------------------------------------------------------ a cost per micro-batch
+
+_times = st.floats(min_value=0.0, max_value=5.0, allow_nan=False)
+_fixed = st.floats(min_value=0.0, max_value=0.2, allow_nan=False)
+
+
+@given(st.tuples(*[_times] * 6), st.tuples(*[_fixed] * 6),
+       st.floats(min_value=0.0, max_value=0.5), st.integers(1, 24))
+def test_a_cost_per_microbatch_keeps_the_closed_form_equal_to_the_longest_path(
+        whole: tuple[float, ...], fixed: tuple[float, ...], latency: float, n: int) -> None:
+    from orchestrator.pipelearn import closed_form_iteration_time
+
+    stages = StageTimes(*whole, latency_s=latency, pass_s=fixed)
+    longest = iteration_time(stages=stages, parallel_batches=n)
+    assert closed_form_iteration_time(stages=stages, parallel_batches=n) == pytest.approx(
+        longest, rel=1e-9, abs=1e-9)
+    assert max(end for _, end in asap_schedule(stages=stages, parallel_batches=n).values()
+               ) == pytest.approx(longest, rel=1e-9, abs=1e-9)
+
+
+@given(st.tuples(*[_times] * 6), st.tuples(*[_fixed] * 6), st.integers(1, 40))
+def test_with_a_cost_per_microbatch_n_is_the_fastest_by_brute_force(
+        whole: tuple[float, ...], fixed: tuple[float, ...], batch: int) -> None:
+    from orchestrator.pipelearn import parallel_batches
+
+    stages = StageTimes(*whole, latency_s=0.01, pass_s=fixed)
+    chosen = parallel_batches(stages=stages, batch_size=batch)
+    # the N the authors' rounding keeps: the largest of each micro-batch size B // N
+    kept = {batch // (batch // n) for n in range(1, batch + 1)}
+    times = {n: iteration_time(stages=stages, parallel_batches=n) for n in kept}
+    if stages.fixed:  # within the rule's 1% of the fastest of them
+        assert chosen in kept and times[chosen] <= 1.01 * min(times.values()) + 1e-12
+    assert 1 <= chosen <= batch
+
+
+def test_a_measured_overhead_stops_n_from_making_one_sample_microbatches() -> None:
+    # a link-bound device: without a cost per micro-batch N climbs to B (32 one-sample
+    # micro-batches); 1 ms a pass (the runtime's measured overhead) stops it
+    from orchestrator.pipelearn import parallel_batches
+
+    free = StageTimes(0.002, 0.01, 0.002, 0.002, 0.01, 0.002)
+    assert parallel_batches(stages=free, batch_size=32) == 32
+    costly = StageTimes(0.002, 0.01, 0.002, 0.002, 0.01, 0.002,
+                        pass_s=(0.001, 0.0, 0.001, 0.001, 0.0, 0.001))
+    n = parallel_batches(stages=costly, batch_size=32)
+    assert n < 8
+    assert iteration_time(stages=costly, parallel_batches=n) < iteration_time(
+        stages=costly, parallel_batches=32)
