@@ -20,6 +20,7 @@ from webapp.common.exceptions import Conflict
 from webapp.dashboard.selectors import run_device_names
 from webapp.runs.models import Plan, Run
 from webapp.runs.models import TimelineEvent as TimelineRow
+from webapp.runs.pipelearn_selectors import pipelearn_ghost_timeline, pipelearn_plan_layout
 from webapp.runs.selectors import run_planning_inputs
 from webapp.runs.split_selectors import split_ghost_timeline, split_plan_layout
 
@@ -70,6 +71,8 @@ def plan_timeline(*, run: Run, plan: Plan, batches: int = PLANNED_BATCHES) -> di
     split plan, its schedule's batch ``batches`` times over."""
     if run.kind == "split":
         return split_plan_timeline(run=run, plan=plan, batches=batches)
+    if run.kind == "pipelearn":
+        return pipelearn_plan_timeline(run=run, plan=plan)
     _, parsed, result = _simulated(run, plan, batches)
     return {"plan": plan.pk, "algorithm": plan.algorithm, "schedule": run.schedule,
             "batches": batches, "microbatches": run.microbatches * batches,
@@ -109,6 +112,21 @@ def split_plan_timeline(*, run: Run, plan: Plan, batches: int) -> dict[str, Any]
             "throughput_sps": plan.throughput_sps, "events": events}
 
 
+def pipelearn_plan_timeline(*, run: Run, plan: Plan) -> dict[str, Any]:
+    """A PipeLearn plan's planned Gantt: one epoch of its method by the time model."""
+    ghost = _split_only(lambda: pipelearn_ghost_timeline(
+        run=run, plan=plan, start_s=0.0, end_s=math.inf, anchor_s=0.0,
+        max_events=MAX_GHOST_EVENTS), plan)
+    events = [e for e in ghost["events"] if e["start"] < ghost["batch_period_s"]]
+    layout = pipelearn_plan_layout(document=plan.document, names=run_device_names(run=run))
+    rows = [{"device": d["device"], "label": d["label"], "stage": s["stage"]}
+            for s in layout["stages"] for d in s["devices"]]
+    return {"plan": plan.pk, "algorithm": plan.algorithm, "schedule": run.schedule,
+            "batches": run.batches, "microbatches": run.batches, "rows": rows,
+            "makespan_s": ghost["batch_period_s"], "throughput_sps": plan.throughput_sps,
+            "events": events}
+
+
 def _shifted(e: TimelineEvent, dt: float, dm: int, dv: int) -> dict[str, Any]:
     return {**e.to_json(), "start": e.start + dt, "end": e.end + dt,
             "microbatch": e.microbatch + dm, "version": e.version + dv}
@@ -133,6 +151,10 @@ def plan_ghost_timeline(*, run: Run, plan: Plan, start_s: float, end_s: float
     schedule's batch, one every planned makespan (split_selectors.split_ghost_timeline)."""
     if run.kind == "split":
         return _split_only(lambda: split_ghost_timeline(
+            run=run, plan=plan, start_s=start_s, end_s=end_s, anchor_s=run_anchor_s(run=run),
+            max_events=MAX_GHOST_EVENTS), plan)
+    if run.kind == "pipelearn":  # the time model's epoch, once every predicted epoch
+        return _split_only(lambda: pipelearn_ghost_timeline(
             run=run, plan=plan, start_s=start_s, end_s=end_s, anchor_s=run_anchor_s(run=run),
             max_events=MAX_GHOST_EVENTS), plan)
     m = run.microbatches

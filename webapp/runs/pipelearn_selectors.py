@@ -1,16 +1,23 @@
 """What the pages read of a PipeLearn run: its plans' layouts (each device's split P and
-parallel batch number N, the server's copies), and its summary (run_summary's for a
-PipeLearn run): each epoch's time against the time model's, each device's and the server's
-idle share, and each epoch's held-out accuracy of the averaged model."""
+parallel batch number N, the server's copies), the time model's planned epoch (the live
+Gantt's ghost bars), and its summary (run_summary's for a PipeLearn run): each epoch's time
+against the time model's, each device's and the server's idle share, and each epoch's
+held-out accuracy of the averaged model."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
+from orchestrator.errors import FormatError
 from orchestrator.events import TimelineEvent, idle_breakdown
+from orchestrator.formats import DeviceSet
+from orchestrator.pipelearn_plan import make_setting, plan_method
+from orchestrator.pipelearn_timeline import timeline as planned_epoch
 from webapp.runs.models import MetricPoint, Plan, Run
 from webapp.runs.models import TimelineEvent as TimelineRow
+from webapp.runs.selectors import run_planning_inputs
 from webapp.runs.services.split_rounds import split_rounds
 
 
@@ -105,3 +112,69 @@ def pipelearn_summary(*, run: Run) -> dict[str, Any]:
             "idle_s": busy, "test_accuracy": [r.get("accuracy") for r in rounds],
             "loss_first": losses[0] if losses else None,
             "loss_last": losses[-1] if losses else None}
+
+
+def pipelearn_epoch_events(*, run: Run, plan: Plan) -> tuple[list[TimelineEvent], float]:
+    """One epoch of ``plan``'s method as the time model schedules it, in the runtime's rows
+    (a device's pipeline j stage 0, the server's copy for it pipeline j stage 1; the time
+    model's server-side FedAvg left out: the runtime averages by ring), and the epoch's
+    length. FormatError when the plan is not a PipeLearn plan."""
+    document = plan.document if isinstance(plan.document, dict) else {}
+    if document.get("kind") != "pipelearn":
+        raise FormatError("not a PipeLearn plan")
+    settings = run.pipelearn or {}
+    server, clients = str(settings.get("server")), list(document.get("clients") or [])
+    profile, devices = run_planning_inputs(run=run)
+    keep = {server, *clients}
+    members = DeviceSet(devices=tuple(d for d in devices.devices if d.id in keep),
+                        links=tuple(k for k in devices.links if {k.a, k.b} <= keep),
+                        file=devices.file)
+    batch = int(settings.get("batch_size") or run.model_spec.batch_size)
+    method = plan_method(make_setting(profile=profile, devices=members, server=server,
+                                      batch_size=batch, data_size=run.batches * batch),
+                         str(document.get("method")))
+    index = {c: j for j, c in enumerate(clients)}
+    out = []
+    for e in planned_epoch(method=method, run=run.pk):
+        if e.kind == "aggregate":
+            continue
+        if e.device == server:
+            client = clients[e.stage - 1] if 1 <= e.stage <= len(clients) else None
+            if client is None:
+                continue
+            out.append(TimelineEvent(run.pk, server, 1, e.kind, e.microbatch, e.version,
+                                     e.start, e.end, e.bytes, pipeline=index[client]))
+        elif e.device in index:
+            out.append(TimelineEvent(run.pk, e.device, 0, e.kind, e.microbatch, e.version,
+                                     e.start, e.end, e.bytes, pipeline=index[e.device]))
+    return out, method.epoch_s
+
+
+def pipelearn_ghost_timeline(*, run: Run, plan: Plan, start_s: float, end_s: float,
+                             anchor_s: float, max_events: int) -> dict[str, Any]:
+    """The time model's epoch repeated every predicted epoch from the run's first event
+    (``anchor_s``), for each of its epochs, between ``start_s`` and ``end_s``; micro-batches
+    and versions numbered on across epochs."""
+    template, period = pipelearn_epoch_events(run=run, plan=plan)
+    per_epoch = {}
+    for e in template:
+        per_epoch[e.pipeline] = max(per_epoch.get(e.pipeline, 0), e.microbatch + 1)
+    versions = max((e.version for e in template), default=0) + 1
+    out: list[dict[str, Any]] = []
+    if period > 0 and template:
+        first = max(0, math.floor((start_s - anchor_s) / period) - 1)
+        last = run.epochs - 1
+        if math.isfinite(end_s):
+            last = min(last, math.ceil((end_s - anchor_s) / period))
+        for k in range(first, last + 1):
+            dt = anchor_s + k * period
+            out.extend({**e.to_json(), "start": e.start + dt, "end": e.end + dt,
+                        "microbatch": e.microbatch + k * per_epoch.get(e.pipeline, 0),
+                        "version": e.version + k * versions}
+                       for e in template if e.end + dt >= start_s and e.start + dt <= end_s)
+            if len(out) >= max_events:
+                break
+    out.sort(key=lambda e: (e["start"], e["end"], e["device"], e["kind"]))
+    return {"plan": plan.pk, "algorithm": plan.algorithm, "anchor_s": anchor_s,
+            "batch_period_s": period, "start_s": start_s, "end_s": end_s,
+            "truncated": len(out) > max_events, "events": out[:max_events]}

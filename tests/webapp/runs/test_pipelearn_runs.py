@@ -134,3 +134,27 @@ def test_the_rest_api_creates_a_pipelearn_run(api: Any) -> None:
                        format="json")
     assert refused.status_code == 400
     assert refused.json()["errors"][0]["field"] == "clients[0]"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_ghost_bars_are_the_time_models_epoch_in_the_runtimes_rows(sent, api: Any) -> None:
+    run = pipelearn_run()
+    services.run_plan(run=run)
+    plan = Plan.objects.get(run=run, algorithm="pipelearn")
+    services.run_start(run=Run.objects.get(pk=run.pk), plan=plan)
+    ghost = api.get(f"/api/dashboard/runs/{run.pk}/planned/?start=0&end=600").json()
+    server, clients = run.pipelearn["server"], run.pipelearn["clients"]
+    assert ghost["batch_period_s"] == pytest.approx(plan.document["epoch_s"])
+    rows = {(e["device"], e["stage"], e.get("pipeline", 0)) for e in ghost["events"]
+            if e["kind"] in ("forward", "backward")}
+    assert rows == {*((c, 0, j) for j, c in enumerate(clients)),
+                    *((server, 1, j) for j in range(len(clients)))}
+    # every device's N forwards an iteration, its iterations an epoch, the run's epochs
+    for j, client in enumerate(clients):
+        n = plan.document["devices"][client]["parallel_batches"]
+        forwards = [e for e in ghost["events"] if e["device"] == client
+                    and e["kind"] == "forward"]
+        assert sorted(e["microbatch"] for e in forwards) == list(range(n * 3 * 2))
+    layout = api.get(f"/api/dashboard/runs/{run.pk}/plans/{plan.pk}/timeline/").json()
+    assert layout["makespan_s"] == pytest.approx(plan.document["epoch_s"])
+    assert {r["device"] for r in layout["rows"]} == {server, *clients}
