@@ -150,7 +150,7 @@ def test_the_ghost_bars_are_the_time_models_epoch_in_the_runtimes_rows(sent, api
     assert rows == {*((c, 0, j) for j, c in enumerate(clients)),
                     *((server, 1, j) for j in range(len(clients)))}
     # every device's N forwards an iteration, its iterations an epoch, the run's epochs
-    for j, client in enumerate(clients):
+    for client in clients:
         n = plan.document["devices"][client]["parallel_batches"]
         forwards = [e for e in ghost["events"] if e["device"] == client
                     and e["kind"] == "forward"]
