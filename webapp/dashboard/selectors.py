@@ -454,6 +454,10 @@ def runs_compared(runs: list[Run]) -> list[dict[str, Any]]:
             "throughput": list(MetricPoint.objects.filter(
                 run=run, kind=MetricPoint.Kind.THROUGHPUT_SPS, device="")
                 .order_by("at").values_list("at", "value")),
+            # a split or PipeLearn run's averaged model on the held-out set, each round
+            "held_out": list(MetricPoint.objects.filter(
+                run=run, kind=MetricPoint.Kind.TEST_ACCURACY)
+                .order_by("at").values_list("value", flat=True)),
         })
     best = max((r["summary"].get("throughput_steady_sps") or 0.0 for r in rows), default=0.0)
     for r in rows:

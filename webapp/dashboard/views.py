@@ -318,7 +318,8 @@ def run_export_devices(request: HttpRequest, run_id: int) -> JsonResponse:
 @login_required
 def runs_compare(request: HttpRequest) -> HttpResponse:
     """Runs side by side (``?runs=3&runs=7``): plan, measured against predicted throughput,
-    idle time, loss and accuracy, and the throughput over time of each."""
+    idle time, loss and accuracy, the throughput over time of each, and (split learning,
+    PipeLearn and its baselines) the averaged model's held-out accuracy after each round."""
     try:
         ids = selectors.runs_compare_ids(request.GET.getlist("runs"))
     except ValueError as exc:
@@ -329,6 +330,7 @@ def runs_compare(request: HttpRequest) -> HttpResponse:
         raise Http404(f"no run {missing[0]}")
     rows = selectors.runs_compared([found[i] for i in ids])
     series = [{"name": f"#{r['run'].pk} {r['run'].name}",
-               "x": [at for at, _ in r["throughput"]], "y": [v for _, v in r["throughput"]]}
+               "x": [at for at, _ in r["throughput"]], "y": [v for _, v in r["throughput"]],
+               "held_out": r["held_out"]}
               for r in rows]
     return render(request, "dashboard/runs_compare.html", {"rows": rows, "series": series})

@@ -103,3 +103,19 @@ def test_the_runs_page_lets_runs_be_ticked_for_comparison(browser: Client) -> No
     assert 'id="compare-form"' in page and "/runs/compare/" in page
     assert f'name="runs" value="{run.pk}" form="compare-form"' in page
     assert 'form="compare-form"' not in browser.get("/").content.decode()  # only there
+
+
+def test_runs_with_rounds_show_their_held_out_accuracy_by_round(browser: Client) -> None:
+    # PipeLearn and FL on the same devices, each epoch's averaged model measured
+    from webapp.runs.services import metric_points_store
+
+    runs = [RunFactory(kind="pipelearn", state=Run.State.FINISHED, name=name)
+            for name in ("pipelearn", "fl")]
+    for run, values in zip(runs, ((0.3, 0.6, 0.8), (0.2, 0.4)), strict=True):
+        metric_points_store(run=run, points=[
+            {"at": float(k), "kind": "test_accuracy", "device": "", "value": v}
+            for k, v in enumerate(values)])
+    answer = browser.get(f"/runs/compare/?runs={runs[0].pk},{runs[1].pk}")
+    assert answer.status_code == 200
+    assert [s["held_out"] for s in answer.context["series"]] == [[0.3, 0.6, 0.8], [0.2, 0.4]]
+    assert "Held-out accuracy by round" in answer.content.decode()
