@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +45,7 @@ from orchestrator.pipelearn import (
     exhaustive_split,
     iteration_time,
     server_slowdown,
+    stage_times,
 )
 
 DEFAULT_DATA_SIZE = 10_000
@@ -242,16 +243,42 @@ def evaluate(setting: Setting, method: str, plans: Sequence[DevicePlan], *,
                       figures=figures, planner_s=planner_s, exhaustive=exhaustive)
 
 
+def chosen_split(setting: Setting, device: str, *, split: int,
+                 parallel_batches: int) -> SplitChoice:
+    """A user's (P, N) for ``device`` with the time model's iteration; ValueError naming the
+    field unless P is in 1..L-1 (layers [0, P) on the device) and N in 1..B."""
+    layers, batch = setting.cm.num_layers, setting.batch_size
+    for name, value, most in (("split", split, layers - 1),
+                              ("parallel_batches", parallel_batches, batch)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+            raise ValueError(f"overrides.{device}.{name}: must be an integer from 1 to {most} "
+                             f"(the model has {layers} layers, B is {batch}), got {value!r}")
+    stages = stage_times(cm=setting.cm, device=device, server=setting.server, split=split,
+                         batch_size=batch, slowdown=setting.slowdown)
+    return SplitChoice(split, parallel_batches,
+                       iteration_time(stages=stages, parallel_batches=parallel_batches), stages)
+
+
 def plan_method(setting: Setting, method: str, *, exhaustive: bool = False,
-                rule: Rule = "saturated", tolerance: float = DEFAULT_TOLERANCE) -> MethodPlan:
-    """Plan ``method`` (one of :data:`METHODS`) for every client of ``setting``."""
+                rule: Rule = "saturated", tolerance: float = DEFAULT_TOLERANCE,
+                overrides: Mapping[str, tuple[int, int]] | None = None) -> MethodPlan:
+    """Plan ``method`` (one of :data:`METHODS`) for every client of ``setting``; PipeLearn's
+    (P, N) of a device in ``overrides`` is the user's (:func:`chosen_split`)."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; known: {', '.join(METHODS)}")
+    unknown = sorted(set(overrides or {}) - set(setting.clients))
+    if unknown:
+        raise ValueError(f"overrides.{unknown[0]}: is not a client of the run")
     started = time.perf_counter()
     plans = []
     for device in setting.clients:
         if method == "fl":
             plans.append(_fl_plan(setting, device))
+            continue
+        if method == "pipelearn" and overrides and device in overrides:
+            split, n = overrides[device]
+            plans.append(_device_plan(setting, device, chosen_split(
+                setting, device, split=split, parallel_batches=n)))
             continue
         if method == "sfl" or exhaustive:
             choice = exhaustive_split(cm=setting.cm, device=device, server=setting.server,

@@ -156,3 +156,17 @@ def test_generator_rejects_a_misread_architecture() -> None:
     entry = {"type": "Dense", "in_ch": 128, "out_ch": 10, "params": 1000, "layer_idx": 4}
     with pytest.raises(ValueError, match="the architecture gives 1290 parameters"):
         gen.layer_cost(entry)
+
+
+def test_a_users_split_and_n_replace_the_planners_for_that_device() -> None:
+    setting = tiny("c", "d")
+    plan = plan_method(setting, "pipelearn", overrides={"d": (1, 2)})
+    assert (plan.device("d").split, plan.device("d").parallel_batches) == (1, 2)
+    assert plan.device("c").parallel_batches == plan_method(setting, "pipelearn").device(
+        "c").parallel_batches
+    for overrides, match in (({"d": (2, 1)}, r"overrides\.d\.split: must be an integer "
+                                             r"from 1 to 1"),
+                             ({"d": (1, 11)}, r"overrides\.d\.parallel_batches"),
+                             ({"e": (1, 1)}, r"overrides\.e: is not a client")):
+        with pytest.raises(ValueError, match=match):
+            plan_method(setting, "pipelearn", overrides=overrides)

@@ -23,6 +23,16 @@ from webapp.runs.serializers import RunOutput
 from webapp.runs.services.pipelearn import MAX_BATCH, pipelearn_run_create
 
 
+class OverrideInput(serializers.Serializer):
+    device = serializers.PrimaryKeyRelatedField(queryset=device_list(),
+                                                help_text="one of the run's clients")
+    split = fields.IntegerField(min_value=1, max_value=10**4,
+                                help_text="P: layers [0, P) on the device, the rest on the "
+                                          "server")
+    parallel_batches = fields.IntegerField(min_value=1, max_value=MAX_BATCH,
+                                           help_text="N: micro-batches of B // N")
+
+
 class PipelearnRunCreateApi(APIView):
     class PipelearnRunCreateInput(serializers.Serializer):
         name = fields.CharField(max_length=100)
@@ -53,6 +63,9 @@ class PipelearnRunCreateApi(APIView):
                                default=RUN_DEFAULTS["lr"])
         momentum = fields.FloatField(min_value=0.0, max_value=MOMENTUM_MAX, required=False,
                                      default=RUN_DEFAULTS["momentum"])
+        overrides = OverrideInput(many=True, required=False, default=list, help_text=(
+            "the user's P and N of some devices under PipeLearn (the planner chooses the "
+            "others')"))
 
     @extend_schema(request=PipelearnRunCreateInput, responses={201: RunOutput,
                                                               **errors(400, 401, 403)})

@@ -48,7 +48,7 @@ def test_a_pipelearn_run_keeps_its_server_and_devices() -> None:
     assert run.kind == "pipelearn" and run.algorithms == ["pipelearn", "sfl", "fl"]
     uids = [rd.device.uid for rd in RunDevice.objects.filter(run=run).order_by("position")]
     assert run.pipelearn == {"server": uids[0], "clients": uids[1:], "batch_size": 16,
-                             "shard_split": "iid"}
+                             "shard_split": "iid", "overrides": {}}
 
 
 @pytest.mark.parametrize(("change", "field"), [
@@ -158,3 +158,33 @@ def test_the_ghost_bars_are_the_time_models_epoch_in_the_runtimes_rows(sent, api
     layout = api.get(f"/api/dashboard/runs/{run.pk}/plans/{plan.pk}/timeline/").json()
     assert layout["makespan_s"] == pytest.approx(plan.document["epoch_s"])
     assert {r["device"] for r in layout["rows"]} == {server, *clients}
+
+
+def test_the_user_overrides_a_devices_split_and_n(django_capture_on_commit_callbacks: Any,
+                                                   api: Any) -> None:
+    run = pipelearn_run()
+    spec, server = run.model_spec, Device.objects.get(uid=run.pipelearn["server"])
+    clients = [Device.objects.get(uid=u) for u in run.pipelearn["clients"]]
+    body = {"name": "pl", "model_spec": spec.pk, "server": server.pk,
+            "clients": [c.pk for c in clients], "algorithms": ["pipelearn"], "batches": 3,
+            "epochs": 2, "overrides": [{"device": clients[1].pk, "split": 3,
+                                        "parallel_batches": 4}]}
+    created = api.post("/api/runs/pipelearn/", body, format="json")
+    assert created.status_code == 201, created.json()
+    chosen = Run.objects.get(pk=created.json()["id"])
+    assert chosen.pipelearn["overrides"] == {clients[1].uid: [3, 4]}
+    with django_capture_on_commit_callbacks(execute=True):
+        services.run_plan(run=chosen)
+    doc = Plan.objects.get(run=chosen).document
+    assert (doc["devices"][clients[1].uid]["split"],
+            doc["devices"][clients[1].uid]["parallel_batches"]) == (3, 4)
+    assert doc["microbatch_sizes"][1] == 4  # B = 16 in 4
+    # a split point outside the model's layers, N below 1 or above B, a device not a client
+    for override, field in (({"split": 4}, "overrides[0].split"),
+                            ({"split": 0}, "overrides[0].split"),
+                            ({"parallel_batches": 17}, "overrides[0].parallel_batches"),
+                            ({"device": server.pk}, "overrides[0].device")):
+        bad = {**body, "overrides": [{**body["overrides"][0], **override}]}
+        refused = api.post("/api/runs/pipelearn/", bad, format="json")
+        assert refused.status_code == 400, (override, refused.json())
+        assert refused.json()["errors"][0]["field"] == field, refused.json()

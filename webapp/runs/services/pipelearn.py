@@ -29,6 +29,7 @@ from orchestrator.runspecs import run_plan_specs
 from orchestrator.schedule import MAX_MICROBATCHES
 from webapp.common.exceptions import InvalidInput, distinct_choices
 from webapp.devices.models import Device, ModelSpec
+from webapp.devices.selectors import model_num_layers
 from webapp.runs import events
 from webapp.runs.models import LR_MAX, MOMENTUM_MAX, RUN_DEFAULTS, Plan, Run, RunDevice
 from webapp.runs.selectors import run_planning_inputs
@@ -46,10 +47,13 @@ def pipelearn_run_create(*, name: str, model_spec: ModelSpec, server: Device,
                          batch_size: int | None = None, batches: int = 10, epochs: int = 3,
                          shard_split: str = "iid", lr: float = RUN_DEFAULTS["lr"],
                          momentum: float = RUN_DEFAULTS["momentum"],
+                         overrides: Sequence[dict[str, Any]] = (),
                          created_by: AbstractBaseUser | None = None) -> Run:
     """A draft PipeLearn run: ``server`` and the ``clients`` (devices that keep their data),
     B = ``batch_size`` samples an iteration (default: the model spec's), ``batches``
-    iterations an epoch, ``epochs`` epochs. Each setting is checked, InvalidInput naming it."""
+    iterations an epoch, ``epochs`` epochs; ``overrides``, the user's split point and
+    parallel batch number of some clients under PipeLearn ({device, split, parallel_batches}:
+    P in 1..L-1, N in 1..B). Each setting is checked, InvalidInput naming it."""
     if not clients:
         raise InvalidInput("clients", "needs at least one device")
     for i, device in enumerate([server, *clients]):
@@ -70,6 +74,8 @@ def pipelearn_run_create(*, name: str, model_spec: ModelSpec, server: Device,
                                       f"{MAX_MICROBATCHES:,} micro-batches a run trains")
     if shard_split not in SHARD_SPLITS:
         raise InvalidInput("shard_split", f"must be {' or '.join(SHARD_SPLITS)}")
+    chosen = _overrides(overrides, clients=clients, batch=batch,
+                        layers=model_num_layers(model_spec=model_spec))
     if not 0 < lr <= LR_MAX:
         raise InvalidInput("lr", f"must be a number above 0 and at most {LR_MAX:g}")
     if not 0 <= momentum <= MOMENTUM_MAX:
@@ -77,7 +83,7 @@ def pipelearn_run_create(*, name: str, model_spec: ModelSpec, server: Device,
     run = Run.objects.create(
         name=name, kind="pipelearn", model_spec=model_spec,
         pipelearn={"server": server.uid, "clients": [d.uid for d in clients],
-                   "batch_size": batch, "shard_split": shard_split},
+                   "batch_size": batch, "shard_split": shard_split, "overrides": chosen},
         algorithms=check_methods(algorithms), schedule="gpipe", microbatches=1,
         batches=batches, epochs=epochs, lr=float(lr), momentum=float(momentum),
         vertical_sync=False, aggregate_every=0, chain_every=0, global_every=0,
@@ -86,6 +92,30 @@ def pipelearn_run_create(*, name: str, model_spec: ModelSpec, server: Device,
                                   for k, d in enumerate([server, *clients]))
     events.run_event_send(run.pk, events.event_run(run))
     return run
+
+
+def _overrides(raw: Sequence[dict[str, Any]], *, clients: Sequence[Device], batch: int,
+               layers: int | None) -> dict[str, list[int]]:
+    """The user's (P, N) by client uid; InvalidInput naming ``overrides[i].<field>``."""
+    out: dict[str, list[int]] = {}
+    for i, item in enumerate(raw):
+        device = item.get("device")
+        if device not in clients:
+            raise InvalidInput(f"overrides[{i}].device", "must be one of the run's clients")
+        if device.uid in out:
+            raise InvalidInput(f"overrides[{i}].device", f"repeats device {device.pk}")
+        for field, most in (("split", None if layers is None else layers - 1),
+                            ("parallel_batches", batch)):
+            value = item.get(field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (
+                    most is not None and value > most):
+                why = (f"must be from 1 to {most}" if most is not None
+                       else "must be at least 1")
+                what = ("layers [0, P) on the device, the rest on the server"
+                        if field == "split" else f"micro-batches of B // N, B = {batch}")
+                raise InvalidInput(f"overrides[{i}].{field}", f"{why} ({what}), got {value!r}")
+        out[device.uid] = [item["split"], item["parallel_batches"]]
+    return out
 
 
 def _settings(run: Run) -> dict[str, Any]:
@@ -113,7 +143,10 @@ def pipelearn_plan_document(*, run: Run, method: str, clients: Sequence[str] | N
         setting = make_setting(profile=profile, devices=members, server=server,
                                batch_size=int(settings["batch_size"]),
                                data_size=run.batches * int(settings["batch_size"]))
-        plan = plan_method(setting, method)
+        overrides = {uid: (int(p), int(n))
+                     for uid, (p, n) in (settings.get("overrides") or {}).items()
+                     if uid in chosen}
+        plan = plan_method(setting, method, overrides=overrides)
         trained = pipelearn_run_plan(plan, batches=run.batches, epochs=run.epochs)
     except ValueError as exc:
         raise PlanningError(str(exc)) from None
