@@ -18,6 +18,7 @@ urlpatterns = [
     path("devices/<int:device_id>/retire/", views.device_retire, name="device-retire"),
     path("runs/", views.runs, name="runs"),
     path("runs/new/", views.run_new, name="run-new"),
+    path("runs/new/pipelearn/", views.run_new_pipelearn, name="run-new-pipelearn"),
     path("runs/compare/", views.runs_compare, name="runs-compare"),
     path("runs/<int:run_id>/", views.run, name="run"),
     path("runs/<int:run_id>/export/trace.json", views.run_export_trace, name="export-trace"),

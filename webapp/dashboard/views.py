@@ -23,8 +23,8 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from orchestrator.errors import PlanningError
 from webapp.common.permissions import staff_required
-from webapp.dashboard import reports, selectors, services
-from webapp.dashboard.services import FormInvalid
+from webapp.dashboard import pipelearn_form, reports, selectors, services
+from webapp.dashboard.services import FormErrors, FormInvalid
 from webapp.devices import services as device_services
 from webapp.devices.events import devices_snapshot
 from webapp.devices.selectors import device_list, model_spec_list
@@ -162,6 +162,26 @@ def run_new(request: HttpRequest) -> HttpResponse:
         "vertical_sync": (services.run_form_data(form) if form else {}).get(
             "vertical_sync", choices["defaults"]["vertical_sync"]),
     })
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def run_new_pipelearn(request: HttpRequest) -> HttpResponse:
+    """The form that trains PipeLearn on devices (a server and devices that keep their data):
+    on success the run is created, its planning queued, and the browser goes to its page;
+    otherwise each error is shown by its field, a device's P and N by its row."""
+    errors: FormErrors = {}
+    if request.method == "POST":
+        try:
+            run = pipelearn_form.pipelearn_run_create_and_plan(form=request.POST,
+                                                               created_by=request.user)
+        except FormInvalid as exc:
+            errors = exc.errors
+        else:
+            return redirect("dashboard:run", run_id=run.pk)
+    form = request.POST if request.method == "POST" else None
+    return render(request, "dashboard/run_new_pipelearn.html",
+                  pipelearn_form.pipelearn_form_context(form=form, errors=errors))
 
 
 @login_required
