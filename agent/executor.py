@@ -59,7 +59,7 @@ from agent.emulation import Slowdown
 from agent.fixedcosts import CostClock, FixedCosts
 from agent.layered import backward_layers, forward_layers, layers_of_parameters
 from agent.optim import SGD
-from agent.sharing import Sharing
+from agent.sharing import GroupChanged, Sharing
 from agent.transport import DataPlane
 from agent.turns import TurnError, Turnstile
 from agent.versions import Aggregation, VersionError, WeightVersions
@@ -212,6 +212,9 @@ class StageExecutor(Sharing):
             self.actions[position].microbatch: gate
             for position, gate in self.schedule.gates(spec.device, spec.stage).items()}
         self.store = store
+        # the stages of pipeline 0 send the server each round's average (with their store);
+        # another pipeline's once the run goes on without pipeline 0 (Sharing.exclude)
+        self.round_uploader = spec.pipeline == 0
         self.on_checkpoint = on_checkpoint or (lambda applied, tensors, chain, central: None)
         self.on_suspect = on_suspect or (lambda microbatch, waited: None)
         self.gradient_arrivals: list[float] = []  # stage 0's backward timer
@@ -446,17 +449,24 @@ class StageExecutor(Sharing):
     # ---- helpers
 
     def _receive(self, kind: str, microbatch: int, timeout_s: float | None = None,
-                 name: str | None = None) -> Message:
+                 name: str | None = None,
+                 changed: Callable[[], bool] | None = None) -> Message:
+        """The message of ``kind`` and ``microbatch`` (and ``name``); StageStopped once the
+        stage stops, GroupChanged once ``changed()`` (a group all-reduce's members went),
+        StageError after the timeout."""
         begun = time.perf_counter()
+        moved = changed or (lambda: False)
         try:
             return self.plane.receive(self.spec.run, kind, microbatch,
                                       name=name or self.spec.tag,
                                       timeout_s=timeout_s or self.spec.receive_timeout_s,
                                       cancelled=lambda: self.stop.is_set()
-                                      or self.failure is not None)
+                                      or self.failure is not None or moved())
         except TimeoutError as exc:
             if self.stop.is_set() or self.failure is not None:
                 raise StageStopped(f"stage {self.spec.stage} stopped") from None
+            if moved():
+                raise GroupChanged(f"stage {self.spec.stage}: its group changed") from None
             raise StageError(f"stage {self.spec.stage}: {exc}") from None
         finally:
             self.costs.waited_s += time.perf_counter() - begun

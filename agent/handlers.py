@@ -48,6 +48,7 @@ from orchestrator.protocol import (
     Command,
     DeployCommand,
     EmulateCommand,
+    ExcludeCommand,
     ExitCommand,
     HaltCommand,
     LinksReport,
@@ -101,7 +102,8 @@ class CommandHandlers:
             ProfileCommand: self.profile, DeployCommand: self.launcher.deploy,
             StartCommand: self.start, PauseCommand: self.pause, ResumeCommand: self.resume,
             StopCommand: self.stop, MeasureCommand: self.measure, HaltCommand: self.halt,
-            ProbeCommand: self.probe, EmulateCommand: self.emulate, ExitCommand: self.exit}
+            ProbeCommand: self.probe, EmulateCommand: self.emulate, ExitCommand: self.exit,
+            ExcludeCommand: self.exclude}
 
     def handle(self, raw: Any) -> Ack:
         """Read the command ``raw`` (its JSON) and carry it out (or start it); its ack."""
@@ -152,6 +154,22 @@ class CommandHandlers:
     def resume(self, command: ResumeCommand) -> Ack:
         for deployment in self.held(command):
             deployment.running.set()
+        return Ack.to(command)
+
+    def exclude(self, command: ExcludeCommand) -> Ack:
+        """The run goes on without some of its pipelines (a device of theirs was lost): this
+        agent's stages of them end (quietly: the server counts them out), the others leave
+        their members, and a helper's turns skip theirs."""
+        gone = frozenset(command.pipelines)
+        for deployment in self.held(command):
+            if deployment.spec.pipeline in gone:
+                deployment.end()
+                self.deployments.drop_unstarted(deployment.key)
+            else:
+                deployment.executor.exclude(gone, uploader=command.uploader)
+        for (run, _), turnstile in list(self.launcher.turnstiles.items()):
+            if run == command.run:
+                turnstile.drop(gone)
         return Ack.to(command)
 
     def stop(self, command: StopCommand) -> Ack:

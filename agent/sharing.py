@@ -9,7 +9,7 @@ agent's frozen heap never collects).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 import torch
@@ -17,6 +17,7 @@ import torch
 from agent.gradsync import flatten, ring_all_reduce, send_gradients, unflatten
 from agent.transport import DataPlane
 from agent.versions import WeightVersions
+from agent.weights import WeightStore, snapshot
 from agent.wire import Message, encode_message
 from orchestrator.events import TimelineEvent
 from orchestrator.formats import synchronous
@@ -56,27 +57,47 @@ class Host(Protocol):
     def on_event(self) -> Callable[[TimelineEvent], None]: ...
     accumulated: list[torch.Tensor] | None
     accumulated_count: int
+    excluded: frozenset[int]
+    round_uploader: bool
+    @property
+    def store(self) -> WeightStore | None: ...
+    @property
+    def applied(self) -> int: ...
+    @property
+    def state(self) -> list[tuple[str, torch.Tensor]]: ...
+    @property
+    def on_checkpoint(self) -> Callable[[int, dict[str, torch.Tensor], bool, bool], None]: ...
 
     def _receive(self, kind: str, microbatch: int, timeout_s: float | None = None,
-                 name: str | None = None) -> Message: ...
+                 name: str | None = None,
+                 changed: Callable[[], bool] | None = None) -> Message: ...
     def _record_receive(self, message: Message, stage: int) -> None: ...
     def _after_update(self) -> None: ...
     def _send_chunk(self, peer: str, microbatch: int, step: str,
                     chunk: torch.Tensor) -> None: ...
-    def _send_round(self, peer: str, round_index: int, step: str,
+    def _send_group(self, peer: str, tag: str, index: int, step: str,
                     chunk: torch.Tensor) -> None: ...
-    def _round_name(self, pipeline: int, stage: int, step: str) -> str: ...
-    def _send_barrier(self, peer: str, m: int, step: str, chunk: torch.Tensor) -> None: ...
-    def _barrier_name(self, pipeline: int, stage: int, step: str) -> str: ...
+    def _group_name(self, tag: str, pipeline: int, stage: int, step: str) -> str: ...
+    def _group_all_reduce(self, flat: torch.Tensor, *, what: str, index: int
+                          ) -> tuple[torch.Tensor, int]: ...
+    def _group_channel(self, tag: str, index: int, excluded: frozenset[int]
+                       ) -> tuple[Callable[[str, str, torch.Tensor], None],
+                                  Callable[[str], torch.Tensor]]: ...
 
 
 class SharingError(RuntimeError):
     """A peer's gradients or weights that do not fit this stage."""
 
 
+class GroupChanged(RuntimeError):
+    """The run went on without more pipelines while a group all-reduce waited."""
+
+
 class Sharing:
     accumulated: list[torch.Tensor] | None
     accumulated_count: int
+    excluded: frozenset[int] = frozenset()  # pipelines the run went on without
+    round_uploader: bool = False  # sends each round's average to the server without a store
 
     def all_reduce(self: Host, action: Action) -> None:
         """Share gradients with the stage's other replicas (agent.gradsync)."""
@@ -124,21 +145,17 @@ class Sharing:
     def average_group(self: Host, action: Action) -> None:
         """A round's end: the live weights become the average of the aggregation group's
         members' (FedAvg, weighted by ``group_weight``), by ring all-reduce of the weighted
-        weights and the weights' sum among the members (agent.gradsync). The version stays;
-        the round's last update is checkpointed (and replicated) with the average."""
+        weights and the weights' sum among the members (agent.gradsync); members of
+        pipelines the run went on without (:meth:`exclude`) take no part, and the average is
+        of those left. The version stays; the round's last update is checkpointed (and
+        replicated) with the average."""
         spec, m = self.spec, action.microbatch
         round_index = (m + 1) // spec.round_every - 1
         start = self.clock.now()
         like = self.params
         flat = torch.cat([flatten(like) * spec.group_weight,
                           torch.tensor([spec.group_weight], dtype=like[0].dtype)])
-        names = [f"{device}/{pipeline}/{stage}" for device, pipeline, stage in spec.group]
-        total, sent = ring_all_reduce(
-            flat, group=names, me=f"{spec.device}/{spec.pipeline}/{spec.stage}",
-            send=lambda peer, step, chunk: self._send_round(peer, round_index, step, chunk),
-            receive=lambda step: self._receive(
-                "grads", round_index, name=self._round_name(spec.pipeline, spec.stage,
-                                                            step)).tensor)
+        total, sent = self._group_all_reduce(flat, what="avg", index=round_index)
         average = unflatten(total[:-1] / total[-1], like)
         with self.versions.lock, torch.no_grad():
             for param, value in zip(self.params, average, strict=True):
@@ -149,43 +166,75 @@ class Sharing:
                                     self.version, start, self.clock.now(), sent,
                                     pipeline=spec.pipeline))
         self._after_update()
+        if self.store is None and self.round_uploader:  # the server's copy of the average
+            self.on_checkpoint(self.applied, snapshot(self.state), False, True)
 
     def batch_barrier(self: Host, m: int) -> None:
         """Split learning's batch (``batch_sync``): wait until every member of this first
-        stage's aggregation group finished micro-batch m - 1 and is at m, by a ring
-        all-reduce of nothing; the paper releases each batch to every client at once, and
-        its makespan is a batch's."""
+        stage's aggregation group (of the pipelines left) finished micro-batch m - 1 and is
+        at m, by a ring all-reduce of nothing; the paper releases each batch to every client
+        at once, and its makespan is a batch's."""
+        self._group_all_reduce(torch.zeros(1), what="bar", index=m)  # (sized in there)
+
+    def exclude(self: Host, pipelines: Iterable[int], *, uploader: int | None) -> None:
+        """The run goes on without ``pipelines`` (a device of theirs was lost): their members
+        leave this stage's group from now on, an all-reduce under way starts again without
+        them; ``uploader``, the pipeline whose stages now send the server each round's
+        average (pipeline 0's did)."""
+        self.excluded = self.excluded | frozenset(pipelines)
+        if uploader is not None:
+            self.round_uploader = self.spec.pipeline == uploader
+
+    def _group_all_reduce(self: Host, flat: torch.Tensor, *, what: str, index: int
+                          ) -> tuple[torch.Tensor, int]:
+        """Ring all-reduce of ``flat`` among the group's members of the pipelines left (this
+        one alone: ``flat`` itself), started again if more are excluded meanwhile; its
+        messages are named by ``what``, the members excluded and ``index``."""
         spec = self.spec
-        names = [f"{device}/{pipeline}/{stage}" for device, pipeline, stage in spec.group]
-        ring_all_reduce(
-            torch.zeros(len(names)), group=names,
-            me=f"{spec.device}/{spec.pipeline}/{spec.stage}",
-            send=lambda peer, step, chunk: self._send_barrier(peer, m, step, chunk),
-            receive=lambda step: self._receive(
-                "grads", m, name=self._barrier_name(spec.pipeline, spec.stage, step)).tensor)
+        me = f"{spec.device}/{spec.pipeline}/{spec.stage}"
+        while True:
+            excluded = self.excluded
+            names = [f"{device}/{pipeline}/{stage}" for device, pipeline, stage in spec.group
+                     if pipeline not in excluded]
+            if len(names) < 2:
+                return flat.clone(), 0
+            tag = what + ("x" + ".".join(map(str, sorted(excluded))) if excluded else "")
+            send, receive = self._group_channel(tag, index, excluded)
+            try:
+                return ring_all_reduce(
+                    flat if what == "avg" else torch.zeros(len(names)), group=names, me=me,
+                    send=send, receive=receive)
+            except GroupChanged:
+                continue
 
-    def _barrier_name(self: Host, pipeline: int, stage: int, step: str) -> str:
-        return f"g{self.spec.generation}:bar:p{pipeline}s{stage}:{step}"
+    def _group_channel(self: Host, tag: str, index: int, excluded: frozenset[int]
+                       ) -> tuple[Callable[[str, str, torch.Tensor], None],
+                                  Callable[[str], torch.Tensor]]:
+        """One all-reduce attempt's send and receive (its receive gives up, GroupChanged,
+        once more pipelines than ``excluded`` are)."""
+        spec = self.spec
 
-    def _send_barrier(self: Host, peer: str, m: int, step: str, chunk: torch.Tensor) -> None:
-        device, pipeline, stage = peer.rsplit("/", 2)
-        header, frames = encode_message(
-            run=self.spec.run, kind="grads", microbatch=m, version=self.version, tensor=chunk,
-            name=self._barrier_name(int(pipeline), int(stage), step),
-            sent_at=self.clock.absolute())
-        self.plane.send(device, frames, header=header)
+        def send(peer: str, step: str, chunk: torch.Tensor) -> None:
+            self._send_group(peer, tag, index, step, chunk)
 
-    def _round_name(self: Host, pipeline: int, stage: int, step: str) -> str:
-        """The data-plane name of a group average's chunk for the member (pipeline, stage)
+        def receive(step: str) -> torch.Tensor:
+            return self._receive("grads", index,
+                                 name=self._group_name(tag, spec.pipeline, spec.stage, step),
+                                 changed=lambda: self.excluded != excluded).tensor
+
+        return send, receive
+
+    def _group_name(self: Host, tag: str, pipeline: int, stage: int, step: str) -> str:
+        """The data-plane name of a group all-reduce's chunk for the member (pipeline, stage)
         (members of one device share its inbox)."""
-        return f"g{self.spec.generation}:avg:p{pipeline}s{stage}:{step}"
+        return f"g{self.spec.generation}:{tag}:p{pipeline}s{stage}:{step}"
 
-    def _send_round(self: Host, peer: str, round_index: int, step: str,
+    def _send_group(self: Host, peer: str, tag: str, index: int, step: str,
                     chunk: torch.Tensor) -> None:
         device, pipeline, stage = peer.rsplit("/", 2)
         header, frames = encode_message(
-            run=self.spec.run, kind="grads", microbatch=round_index, version=self.version,
-            tensor=chunk, name=self._round_name(int(pipeline), int(stage), step),
+            run=self.spec.run, kind="grads", microbatch=index, version=self.version,
+            tensor=chunk, name=self._group_name(tag, int(pipeline), int(stage), step),
             sent_at=self.clock.absolute())
         self.plane.send(device, frames, header=header)
 

@@ -54,6 +54,7 @@ class Turnstile:
         self._last = max(t.microbatches for t in order) * len(order)
         self._changed = threading.Condition()
         self._next = first_microbatch * len(order)
+        self._dropped: frozenset[int] = frozenset()
         self._skip()
 
     def position(self, pipeline: int, kind: str, microbatch: int, part: int = 0) -> int:
@@ -89,11 +90,20 @@ class Turnstile:
                 self._skip()
                 self._changed.notify_all()
 
+    def drop(self, pipelines: frozenset[int] | set[int]) -> None:
+        """The run goes on without ``pipelines``: their turns are skipped from now on."""
+        with self._changed:
+            self._dropped = self._dropped | frozenset(pipelines)
+            self._skip()
+            self._changed.notify_all()
+
     def _skip(self) -> None:
-        """(Under the lock, or alone.) Past the turns of pipelines that have ended."""
+        """(Under the lock, or alone.) Past the turns of pipelines that have ended, or that
+        the run went on without."""
         while self._next < self._last:
             turn = self.order[self._next % len(self.order)]
-            if self._next // len(self.order) < turn.microbatches:
+            if (self._next // len(self.order) < turn.microbatches
+                    and turn.pipeline not in self._dropped):
                 return
             self._next += 1
 

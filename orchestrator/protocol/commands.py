@@ -10,6 +10,7 @@ from typing import Any, ClassVar, cast
 
 from orchestrator.protocol.fields import (
     MAX_LAYER,
+    MAX_PIPELINES,
     ProtocolError,
     fail,
     flag,
@@ -134,6 +135,19 @@ class StopCommand(RunCommand):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ExcludeCommand(RunCommand):
+    """The run goes on without ``pipelines`` (a device of theirs was lost): this agent's
+    stages of them end, and its other stages' aggregation groups (and batch barriers) leave
+    their members; ``uploader`` is the pipeline whose stages now send the server each
+    round's average."""
+
+    NAME = "exclude"
+    pipelines: tuple[int, ...] = wire(items(integer(maximum=MAX_PIPELINES),
+                                            maximum=MAX_PIPELINES))
+    uploader: int | None = wire(integer(maximum=MAX_PIPELINES), None)
+
+
+@dataclass(frozen=True, kw_only=True)
 class ProbeCommand(RunCommand):
     """Does this agent still hold the run's stage (dead, restarted or healthy)?"""
 
@@ -178,7 +192,7 @@ class ExitCommand(Command):
 
 COMMANDS: Mapping[str, type[Command]] = {c.NAME: c for c in (
     ProfileCommand, DeployCommand, StartCommand, PauseCommand, ResumeCommand, StopCommand,
-    MeasureCommand, HaltCommand, ProbeCommand, EmulateCommand, ExitCommand)}
+    MeasureCommand, HaltCommand, ProbeCommand, EmulateCommand, ExitCommand, ExcludeCommand)}
 """Every command, by name: the server builds them, the agent dispatches on them."""
 
 

@@ -21,7 +21,7 @@ PLANNED_WITHIN_MS = 60_000
 def test_train_split_learning_on_three_devices_from_the_form(visit: Visit, server: Server):
     # Prepare: three devices enrolled, each with its profile of an 8-layer model
     user = server.api()
-    spec, devices = generated_testbed(seed=31, layers=8, devices=3)
+    spec, devices = generated_testbed(seed=31, layers=12, devices=3)
     spec_id, enrolled = enrol(user, spec, devices)
     ids = [d["id"] for d in enrolled]
     page = visit.page

@@ -19,6 +19,7 @@ from orchestrator.protocol import (
     EmulateCommand,
     ErrorReply,
     Events,
+    ExcludeCommand,
     ExitCommand,
     FetchReply,
     HaltCommand,
@@ -83,6 +84,7 @@ EXAMPLES: list[Any] = [
     MeasureCommand(id="c9", peers={"a": "tcp://127.0.0.1:1", "b": "tcp://[::1]:2"},
                    keys={"a": KEY, "b": KEY}),
     EmulateCommand(id="c10", slowdown=2.5), ExitCommand(id="c11"),
+    ExcludeCommand(id="c12", run=7, generation=0, pipelines=(1, 3), uploader=0),
     # the agent's messages
     Hello(data_address="tcp://127.0.0.1:5601", data_key=KEY, hardware={"cpus": 4},
           overhead_s=0.001,
@@ -140,7 +142,7 @@ def test_the_examples_cover_every_registered_message() -> None:
     assert set(AGENT_MESSAGES.values()) <= covered
     assert set(SERVER_MESSAGES.values()) <= covered
     assert list(COMMANDS) == ["profile", "deploy", "start", "pause", "resume", "stop",
-                              "measure", "halt", "probe", "emulate", "exit"]
+                              "measure", "halt", "probe", "emulate", "exit", "exclude"]
 
 
 def test_optional_fields_are_left_out_and_null_means_absent() -> None:

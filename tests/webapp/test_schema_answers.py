@@ -247,6 +247,26 @@ def _split(call: Calls, api: APIClient) -> None:
     call(api, "get", gantt.format(999999), expect=404)
 
 
+def _runs_of_several_pipelines(call: Calls, api: APIClient) -> None:
+    """Split-learning and PipeLearn runs: created (and refused), a split run's progress."""
+    spec = ModelSpecFactory(model="mlp", dataset="digits")
+    devices = [DeviceFactory() for _ in range(3)]
+    for device in devices:
+        LayerProfileFactory(device=device, model_spec=spec, layers=4)
+    split = {"name": "sl", "model_spec": spec.pk, "clients": [devices[0].pk, devices[1].pk],
+             "helpers": [devices[2].pk], "algorithms": ["balanced-greedy"], "sigma1": 0,
+             "sigma2": 1}
+    run = call(api, "post", "/api/runs/split/", split, expect=201)
+    call(api, "post", "/api/runs/split/", {**split, "sigma2": 3}, expect=400)
+    call(api, "get", f"/api/runs/{run['id']}/split/", expect=200)
+    call(api, "get", f"/api/runs/{RunFactory().pk}/split/", expect=409)
+    call(api, "get", "/api/runs/999999/split/", expect=404)
+    pipelearn = {"name": "pl", "model_spec": spec.pk, "server": devices[2].pk,
+                 "clients": [devices[0].pk, devices[1].pk]}
+    call(api, "post", "/api/runs/pipelearn/", pipelearn, expect=201)
+    call(api, "post", "/api/runs/pipelearn/", {**pipelearn, "clients": []}, expect=400)
+
+
 def test_every_answer_of_every_endpoint_is_what_the_schema_says(
         user: Any, api: APIClient, staff_api: APIClient, anon: APIClient,
         agent: Callable[..., APIClient]) -> None:
@@ -258,6 +278,7 @@ def test_every_answer_of_every_endpoint_is_what_the_schema_says(
     _devices(call, api, staff_api, anon, user)
     _agents(call, agent, anon)
     _split(call, api)
+    _runs_of_several_pipelines(call, api)
     # Assert
     assert not call.problems, "\n".join(call.problems)
     operations = {(m, p) for p, ops in schema.document["paths"].items() for m in ops}

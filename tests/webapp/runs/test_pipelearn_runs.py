@@ -40,6 +40,7 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, Any]]]:
 
     monkeypatch.setattr(deployment, "device_command_send", send)
     monkeypatch.setattr("webapp.runs.services.control.device_command_send", send)
+    monkeypatch.setattr("webapp.runs.recovery.exclusion.device_command_send", send)
     return out
 
 
@@ -188,3 +189,25 @@ def test_the_user_overrides_a_devices_split_and_n(django_capture_on_commit_callb
         refused = api.post("/api/runs/pipelearn/", bad, format="json")
         assert refused.status_code == 400, (override, refused.json())
         assert refused.json()["errors"][0]["field"] == field, refused.json()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lost_devices_epoch_finishes_without_it(sent) -> None:
+    run = pipelearn_run()
+    services.run_plan(run=run)
+    services.run_start(run=Run.objects.get(pk=run.pk),
+                       plan=Plan.objects.get(run=run, algorithm="sfl"))
+    for uid, c in [(u, c) for u, c in sent if c["command"] == "deploy"]:
+        spec = StageSpec.from_json(c["spec"])
+        services.run_stage_ready(run=run, device=Device.objects.get(uid=uid), generation=0,
+                                 pipeline=spec.pipeline, stage=spec.stage)
+    server, clients = run.pipelearn["server"], run.pipelearn["clients"]
+    recovery.run_device_lost(device=Device.objects.get(uid=clients[1]), reason="gone",
+                             detected_by="disconnect")
+    run.refresh_from_db()
+    assert run.state == Run.State.RUNNING
+    excluded = {uid: c for uid, c in sent if c["command"] == "exclude"}
+    assert set(excluded) == {server, clients[0], clients[2]}
+    assert all(c["pipelines"] == [1] and c["uploader"] == 0 for c in excluded.values())
+    parts = RunDevice.objects.get(run=run, device__uid=server).parts
+    assert [p.get("dropped", False) for p in parts] == [False, True, False]

@@ -28,7 +28,8 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, Any]]]:
         out.append((uid, command.to_json()))
 
     monkeypatch.setattr(deployment, "device_command_send", send)
-    for module in ("services.control", "recovery.replan", "recovery.split", "recovery.commit"):
+    for module in ("services.control", "recovery.replan", "recovery.split", "recovery.commit",
+                   "recovery.exclusion"):
         monkeypatch.setattr(f"webapp.runs.{module}.device_command_send", send)
     monkeypatch.setattr("webapp.runs.tasks.split_round_evaluate.delay", lambda *a: None)
     return out
@@ -118,24 +119,39 @@ def test_a_lost_helpers_clients_go_to_the_other_and_resume_at_the_last_round(
                           "weights_redistributed", "recovered"]
 
 
-def test_a_lost_client_leaves_with_its_shard_and_the_others_redo_the_round(
+def test_a_lost_client_leaves_and_the_round_goes_on_without_it(
         settings: Any, tmp_path: Any, sent: list[tuple[str, dict[str, Any]]]) -> None:
     run = running(settings, tmp_path)
     clients = run.split["clients"]
-    first = {s.pipeline: s for _, s, _ in deploys(sent, 0)}
-    lost = clients[1]
+    first = {s.pipeline: (uid, s) for uid, s, _ in deploys(sent, 0)}
+    lost = clients[0]  # pipeline 0's: the lowest left, 1, sends the rounds' averages now
     recovery.run_device_lost(device=Device.objects.get(uid=lost), reason="gone",
                              detected_by="disconnect")
-    halt_survivors(Run.objects.get(pk=run.pk), sent)
-    nxt = deploys(sent, 1)
-    assert lost not in {uid for uid, _, _ in nxt}
-    # two pipelines now, the clients' own shards of three, from the seed (no round held)
-    by_client = {uid: s for uid, s, _ in nxt if s.stage == 0}
-    assert by_client[clients[0]].shard == first[0].shard == (0, 3)
-    assert by_client[clients[2]].shard == first[2].shard == (2, 3)
-    assert all(s.first_microbatch == 0 and restore == [] for _, s, restore in nxt)
-    # FedAvg among the two left: groups of two members
-    assert {len(s.group) for _, s, _ in nxt} == {2}
+    run.refresh_from_db()
+    # nobody halts, nothing is re-planned: the run trains on, generation 0
+    assert run.state == Run.State.RUNNING and run.generation == 0
+    assert not [c for _, c in sent if c["command"] in ("halt", "deploy")
+                and c.get("generation", 0) == 1]
+    excluded = {uid: c for uid, c in sent if c["command"] == "exclude"}
+    helper = first[0][1].stage_devices[1][0]
+    serving = {s.stage_devices[1][0] for _, s in first.values()}
+    assert set(excluded) == {clients[1], clients[2], *serving}
+    assert all((c["pipelines"], c["uploader"]) == ([0], 1) for c in excluded.values())
+    rows = {rd.device.uid: rd for rd in RunDevice.objects.filter(run=run)
+            .select_related("device")}
+    assert rows[lost].stage_state == "lost" and rows[lost].stage is None
+    # the helper's copy for the lost client is counted out
+    assert next(p for p in rows[helper].parts if p["pipeline"] == 0)["dropped"] is True
+    kinds = [(f.kind, f.device, f.detail.get("goes_on_without"))
+             for f in run.fault_events.order_by("id")]
+    assert kinds[-1] == ("device_lost", lost, True)
+    # the run finishes with the stages left
+    for uid, rd in rows.items():
+        for part in rd.parts:
+            if uid != lost and not part.get("dropped"):
+                services.run_stage_done(run=run, device=rd.device, generation=0,
+                                        pipeline=part["pipeline"], stage=part["stage"])
+    assert Run.objects.get(pk=run.pk).state == Run.State.FINISHED
 
 
 def test_no_helper_left_fails_the_run_naming_it(

@@ -32,10 +32,12 @@ from webapp.devices.models import Device
 from webapp.devices.services import data_peers
 from webapp.runs import replicas
 from webapp.runs.models import (
+    MULTI_PIPELINE_KINDS,
     Generation,
     Run,
     RunDevice,
 )
+from webapp.runs.recovery.exclusion import go_on_without
 from webapp.runs.recovery.inputs import (
     RECOVERY_PLANNER,
     dynamic_planner,
@@ -93,7 +95,13 @@ def lose(run: Run, lost: Sequence[RunDevice], *, reason: str, detected_by: str,
           cause: str = "failure", decision: dict[str, Any] | None = None) -> Run:
     """With the run locked: mark ``lost`` and (re)start its recovery; every other staged
     device halts and reports what it holds. A dynamic re-partition is a recovery that lost
-    nobody. A PipeLearn run does not recover (yet): it fails, naming what it lost."""
+    nobody. A split-learning client or a PipeLearn device lost while the run trains: the run
+    goes on without its pipelines (recovery.exclusion). Else a PipeLearn run fails, naming
+    what it lost."""
+    if run.kind in MULTI_PIPELINE_KINDS and cause == "failure":
+        goes_on = go_on_without(run, lost, reason=reason, detected_by=detected_by)
+        if goes_on is not None:
+            return goes_on
     if run.kind == "pipelearn":
         return _pipelearn_lost(run, lost, reason=reason, detected_by=detected_by)
     ongoing = Recovery.from_json(run.recovery) if run.state == RunState.RECOVERING else None

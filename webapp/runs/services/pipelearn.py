@@ -166,12 +166,16 @@ def pipelearn_plan_figures(plan: Plan) -> dict[str, Any]:
     document = pipelearn_plan_document(run=run, method=plan.algorithm)
     settings = _settings(run)
     clients = len(settings["clients"])
+    per_device = document.get("devices") or {}
+    slowest = max(per_device, key=lambda uid: per_device[uid]["iteration_s"], default="")
     figures = {"document": document,
                "stages": max(len(p["stages"]) for p in document["run_plan"]["pipelines"]),
                "period_s": document["epoch_s"] / run.batches,
                "throughput_sps": clients * int(settings["batch_size"]) * run.batches
                / document["epoch_s"],
-               "bottleneck": "", "memory_ok": True, "planner_s": document["planner_s"],
+               # an epoch waits for the slowest device's iterations (then the FedAvg)
+               "bottleneck": f"{slowest}'s iterations" if slowest else "",
+               "memory_ok": True, "planner_s": document["planner_s"],
                "error": ""}
     try:  # a plan that could not be deployed fails here, not when the run starts
         pipelearn_stage_specs(run=run, document=document)

@@ -17,22 +17,41 @@ from agent.data import DataError, load_dataset
 from agent.weights import WeightError, from_bytes, load_layer_state
 from agent.zoo import build_model
 from webapp.runs import events, selectors
-from webapp.runs.models import MULTI_PIPELINE_KINDS, FaultEvent, MetricPoint, Run, WeightReplica
+from webapp.runs.models import (
+    MULTI_PIPELINE_KINDS,
+    FaultEvent,
+    MetricPoint,
+    Run,
+    RunDevice,
+    WeightReplica,
+)
 from webapp.runs.replicas import ReplicaMissing, replica_read
 from webapp.runs.services.control import control_event, run_clock
 from webapp.runs.services.ingest import metric_points_store
+from webapp.runs.states import Deployment
 
 log = logging.getLogger(__name__)
 
 EVALUATE_BATCH = 512  # held-out samples a forward pass takes at once
 
 
+def uploader(run: Run) -> int:
+    """The pipeline whose stages send the server each round's average: 0, or the lowest left
+    once the run went on without some (webapp.runs.recovery.exclusion)."""
+    left = {part["pipeline"] for rd in RunDevice.objects.filter(run=run)
+            .exclude(stage_state=RunDevice.StageState.LOST)
+            for part in rd.parts if not part.get("dropped")}
+    return min(left, default=0)
+
+
 def _parts(run: Run) -> list[tuple[int, int]]:
-    """The layer ranges of the run's pipeline 0 (its first client's part-1, 2, 3)."""
+    """The layer ranges of the uploading pipeline's stages (a client's part-1, 2, 3; a
+    PipeLearn device's layers and the server's copy), in the current generation's plan."""
     plan = run.chosen_plan
-    document: Any = None if plan is None else plan.document
+    current = Deployment.from_json(run.deployment).plan
+    document: Any = current if current else (None if plan is None else plan.document)
     try:
-        stages = document["run_plan"]["pipelines"][0]["stages"]
+        stages = document["run_plan"]["pipelines"][uploader(run)]["stages"]
         return [(int(s["layers"][0]), int(s["layers"][1])) for s in stages]
     except (KeyError, IndexError, TypeError, ValueError):
         return []
@@ -105,9 +124,11 @@ def split_round_evaluate(*, run_id: int, applied: int) -> float | None:
             {"at": at, "kind": MetricPoint.Kind.TEST_ACCURACY, "device": "",
              "value": accuracy}])
         events.run_event_send(run.pk, events.event_metrics(stored))
+        without = sorted(RunDevice.objects.filter(run=run, stage_state=RunDevice.StageState.LOST)
+                         .values_list("device__uid", flat=True))
         control_event(run, "round_evaluated", at=at, detail={
             "round": round_index, "applied": applied, "accuracy": accuracy,
-            "samples": samples})
+            "samples": samples, **({"without": without} if without else {})})
     log.info("run %s: round %s (applied %s): held-out accuracy %.4f over %s samples", run.pk,
              round_index, applied, accuracy, samples)
     return accuracy
