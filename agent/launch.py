@@ -248,8 +248,8 @@ class Launcher:
                                                  pipeline=spec.pipeline, stage=spec.stage))
         else:
             self.reporter.flush()
-            if spec.global_every and not self.weights.uploads_sent(spec.run,
-                                                                   wait_s=UPLOADS_WAIT_S):
+            # (a stage may send the rounds' averages without global_every: Sharing.exclude)
+            if not self.weights.uploads_sent(spec.run, wait_s=UPLOADS_WAIT_S):
                 log.warning("run %s: replicas still on their way to the server after %g s",
                             spec.run, UPLOADS_WAIT_S)
             if not deployment.stop.is_set():
