@@ -1,5 +1,6 @@
 """``python manage.py demo``: the whole product on one laptop (see webapp.demo.scenario);
-``--split``, a split-learning run on it (webapp.demo.split)."""
+``--split``, a split-learning run on it (webapp.demo.split); ``--pipelearn``, a PipeLearn run
+(webapp.demo.pipelearn)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from orchestrator.formats import SCHEDULES
+from orchestrator.pipelearn_plan import METHODS as PIPELEARN_METHODS
 from orchestrator.protocol.stagespec import SHARD_SPLITS
 from webapp.demo.client import DemoError
 from webapp.demo.demo import DemoOptions, run_demo
+from webapp.demo.pipelearn import PipelearnDemoOptions, run_pipelearn_demo
 from webapp.demo.scenario import DEFAULT_ALGORITHMS
 from webapp.demo.split import SPLIT_METHODS, SplitDemoOptions, run_split_demo
 
@@ -29,12 +32,18 @@ PIPELINE_ONLY = {
 SPLIT_ONLY = {"clients": "--clients", "helpers": "--helpers", "sigma1": "--sigma1",
               "sigma2": "--sigma2", "rounds": "--rounds", "shard_split": "--shard-split",
               "time_limit": "--time-limit", "slot_ms": "--slot-ms"}
+PIPELEARN_ONLY = {"devices": "--devices", "epochs": "--epochs", "method": "--method"}
+# what --pipelearn refuses: the other demos' options but the shard split they share
+NOT_PIPELEARN = {**PIPELINE_ONLY, **{d: o for d, o in SPLIT_ONLY.items() if d != "shard_split"},
+                 "algorithms": "--algorithms", "plan": "--plan", "kill_agent": "--kill-agent",
+                 "kill_agent_at_batch": "--kill-agent-at-batch"}
 
 
 class Command(BaseCommand):
     help = ("Start the web server, a planning worker and local agents emulating a "
             "heterogeneous testbed, plan a run with several planners and train it "
-            "(--split: a split-learning run, clients and helpers). "
+            "(--split: a split-learning run, clients and helpers; --pipelearn: a PipeLearn "
+            "run, a server and devices, against FL and SFL). "
             "--headless runs to the end and prints a JSON summary as the last line.")
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -42,10 +51,10 @@ class Command(BaseCommand):
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--model", default=None,
-                            help="zoo model (default vgg5; --split: mlp)")
+                            help="zoo model (default vgg5; --split, --pipelearn: mlp)")
         parser.add_argument("--dataset", default=None,
                             help="digits, synthetic-cifar or npz:PATH (default synthetic-cifar; "
-                                 "--split: digits)")
+                                 "--split, --pipelearn: digits)")
         parser.add_argument("--batch-size", type=int, default=32)
         parser.add_argument("--microbatches", type=int, default=8,
                             help="micro-batches per batch (default 8)")
@@ -152,6 +161,26 @@ class Command(BaseCommand):
                            help="the study's time slot: every task's time is rounded up to "
                                 "whole slots (default 1: the demo's MLP passes take less)")
 
+        pipelearn = parser.add_argument_group(
+            "PipeLearn (--pipelearn)", "every device trains the model's first layers on its "
+            "own data, N micro-batches an iteration, the server a copy of the rest for each; "
+            "FedAvg of each side every epoch (--shard-split and --batches apply too)")
+        pipelearn.add_argument("--pipelearn", action="store_true",
+                               help="a PipeLearn run: a fast server and --devices devices of "
+                                    "varied speed and links, planned with PipeLearn, SFL and "
+                                    "FL, one trained (--batches: iterations an epoch, "
+                                    "default 10)")
+        pipelearn.add_argument("--devices", type=int, default=4, metavar="N",
+                               help="devices besides the server (default 4: 1x, 2x, 3x and "
+                                    "1.5x slower than this machine, the second and fourth on "
+                                    "slower links)")
+        pipelearn.add_argument("--epochs", type=int, default=3, metavar="E",
+                               help="epochs, each --batches iterations of every device and "
+                                    "then FedAvg (default 3)")
+        pipelearn.add_argument("--method", choices=PIPELEARN_METHODS, default="pipelearn",
+                               help="which plan to train (default pipelearn; sfl: N = 1; fl: "
+                                    "the whole model on every device)")
+
     def handle(self, *args: Any, **options: Any) -> None:
         logging.getLogger("httpx").setLevel(logging.WARNING)
         # SIGTERM stops the demo as Ctrl-C does: the testbed's processes stop with it (killed
@@ -159,10 +188,17 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, _interrupt)
         say = self.stdout.write
         try:
-            if options["split"]:
+            if options["pipelearn"]:
+                if options["split"]:
+                    raise DemoError("--split and --pipelearn: choose one")
+                self._refuse(options, NOT_PIPELEARN, "not for --pipelearn")
+                summary = run_pipelearn_demo(_pipelearn_options(options), say=say)
+            elif options["split"]:
+                self._refuse(options, PIPELEARN_ONLY, "for --pipelearn only")
                 self._refuse(options, PIPELINE_ONLY, "not for --split")
                 summary = run_split_demo(_split_options(options), say=say)
             else:
+                self._refuse(options, PIPELEARN_ONLY, "for --pipelearn only")
                 self._refuse(options, SPLIT_ONLY, "for --split only")
                 summary = run_demo(_pipeline_options(options), say=say)
         except DemoError as exc:
@@ -218,6 +254,17 @@ def _split_options(options: dict[str, Any]) -> SplitDemoOptions:
         momentum=options["momentum"], headless=options["headless"],
         kill_agents=tuple(a.strip() for a in options["kill_agent"].split(",") if a.strip()),
         kill_agent_at_batch=options["kill_agent_at_batch"])
+
+
+def _pipelearn_options(options: dict[str, Any]) -> PipelearnDemoOptions:
+    return PipelearnDemoOptions(
+        host=options["host"], port=options["port"], model=options["model"] or "mlp",
+        dataset=options["dataset"] or "digits", batch_size=options["batch_size"],
+        devices=options["devices"],
+        batches=10 if options["batches"] is None else options["batches"],
+        epochs=options["epochs"], method=options["method"],
+        shard_split=options["shard_split"], lr=options["lr"], momentum=options["momentum"],
+        headless=options["headless"])
 
 
 def _positive_seconds(text: str) -> float:
