@@ -262,8 +262,9 @@ def chosen_split(setting: Setting, device: str, *, split: int,
 def plan_method(setting: Setting, method: str, *, exhaustive: bool = False,
                 rule: Rule = "saturated", tolerance: float = DEFAULT_TOLERANCE,
                 overrides: Mapping[str, tuple[int, int]] | None = None) -> MethodPlan:
-    """Plan ``method`` (one of :data:`METHODS`) for every client of ``setting``; PipeLearn's
-    (P, N) of a device in ``overrides`` is the user's (:func:`chosen_split`)."""
+    """Plan ``method`` (one of :data:`METHODS`) for every client of ``setting``; the (P, N)
+    of a device in ``overrides`` is the given one under PipeLearn and SFL
+    (:func:`chosen_split`)."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; known: {', '.join(METHODS)}")
     unknown = sorted(set(overrides or {}) - set(setting.clients))
@@ -275,7 +276,7 @@ def plan_method(setting: Setting, method: str, *, exhaustive: bool = False,
         if method == "fl":
             plans.append(_fl_plan(setting, device))
             continue
-        if method == "pipelearn" and overrides and device in overrides:
+        if method in ("pipelearn", "sfl") and overrides and device in overrides:
             split, n = overrides[device]
             plans.append(_device_plan(setting, device, chosen_split(
                 setting, device, split=split, parallel_batches=n)))

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.formats import Plan, Stage
-from orchestrator.pipelearn_plan import MethodPlan
+from orchestrator.pipelearn import iteration_time, parallel_batches, stage_times
+from orchestrator.pipelearn_plan import MethodPlan, Setting
 from orchestrator.runplan import AggregationGroup, RunPlan
 
 SCHEDULE = "gpipe"  # N forwards, then N backwards, then the update: PipeLearn's iteration
@@ -41,6 +42,28 @@ class PipelearnRun:
         return {"method": self.method, "server": self.server, "clients": list(self.clients),
                 "run_plan": self.run_plan.to_json(),
                 "microbatch_sizes": list(self.microbatch_sizes)}
+
+
+def common_split(setting: Setting, *, method: str) -> dict[str, tuple[int, int]]:
+    """One split point P for every device (each its own N by PipeLearn's rule, 1 under SFL):
+    the P whose slowest device's iteration is the shortest. A deviation from the paper,
+    which lets each device choose its P: with one P every device's part and every server
+    copy hold the same layers, so each epoch's FedAvg averages whole models (with per-device
+    P a device alone with its P was never averaged)."""
+    cm = setting.cm
+    best: tuple[float, dict[str, tuple[int, int]]] | None = None
+    for p in range(1, cm.num_layers):
+        choices, worst = {}, 0.0
+        for device in setting.clients:
+            stages = stage_times(cm=cm, device=device, server=setting.server, split=p,
+                                 batch_size=setting.batch_size, slowdown=setting.slowdown)
+            n = 1 if method == "sfl" else parallel_batches(stages=stages,
+                                                            batch_size=setting.batch_size)
+            choices[device] = (p, n)
+            worst = max(worst, iteration_time(stages=stages, parallel_batches=n))
+        if best is None or worst < best[0]:
+            best = (worst, choices)
+    return {} if best is None else best[1]
 
 
 def server_memory_need_bytes(plan: MethodPlan) -> float:

@@ -76,3 +76,25 @@ def test_bad_counts_are_refused_naming_the_field() -> None:
         pipelearn_run_plan(plan, batches=0, epochs=1)
     with pytest.raises(ValueError, match=r"^epochs: must be a positive integer"):
         pipelearn_run_plan(plan, batches=1, epochs=True)
+
+
+def test_one_split_point_for_every_device_the_fastest_for_the_slowest() -> None:
+    from orchestrator.pipelearn import iteration_time, stage_times
+    from orchestrator.pipelearn_run import common_split
+
+    setting = tiny("c", "d")
+    for method in ("pipelearn", "sfl"):
+        chosen = common_split(setting, method=method)
+        assert set(chosen) == {"c", "d"} and len({p for p, _ in chosen.values()}) == 1
+        if method == "sfl":
+            assert {n for _, n in chosen.values()} == {1}
+        plan = plan_method(setting, method, overrides=chosen)
+        run = pipelearn_run_plan(plan, batches=2, epochs=1)
+        # every side's copies in one group each: whole models averaged
+        assert sorted(len(g.members) for g in run.run_plan.groups) == [2, 2]
+        # brute force: no other common P makes the slowest device faster
+        p = next(iter(chosen.values()))[0]
+        worst = max(iteration_time(stages=stage_times(
+            cm=setting.cm, device=d, server="srv", split=p, batch_size=10,
+            slowdown=setting.slowdown), parallel_batches=n) for d, (_, n) in chosen.items())
+        assert worst <= max(d.iteration_s for d in plan.devices) + 1e-12

@@ -12,12 +12,10 @@ from typing import Any
 
 from orchestrator.errors import FormatError
 from orchestrator.events import TimelineEvent, idle_breakdown
-from orchestrator.formats import DeviceSet
-from orchestrator.pipelearn_plan import make_setting, plan_method
 from orchestrator.pipelearn_timeline import timeline as planned_epoch
 from webapp.runs.models import MetricPoint, Plan, Run
 from webapp.runs.models import TimelineEvent as TimelineRow
-from webapp.runs.selectors import run_planning_inputs
+from webapp.runs.services.pipelearn import pipelearn_method_plan
 from webapp.runs.services.split_rounds import split_rounds
 
 
@@ -124,15 +122,8 @@ def pipelearn_epoch_events(*, run: Run, plan: Plan) -> tuple[list[TimelineEvent]
         raise FormatError("not a PipeLearn plan")
     settings = run.pipelearn or {}
     server, clients = str(settings.get("server")), list(document.get("clients") or [])
-    profile, devices = run_planning_inputs(run=run)
-    keep = {server, *clients}
-    members = DeviceSet(devices=tuple(d for d in devices.devices if d.id in keep),
-                        links=tuple(k for k in devices.links if {k.a, k.b} <= keep),
-                        file=devices.file)
-    batch = int(settings.get("batch_size") or run.model_spec.batch_size)
-    method = plan_method(make_setting(profile=profile, devices=members, server=server,
-                                      batch_size=batch, data_size=run.batches * batch),
-                         str(document.get("method")))
+    method = pipelearn_method_plan(run=run, method=str(document.get("method")),
+                                   clients=clients)
     index = {c: j for j, c in enumerate(clients)}
     out = []
     for e in planned_epoch(method=method, run=run.pk):

@@ -143,9 +143,8 @@ def split_progress(*, run: Run) -> dict[str, Any]:
 def held_out_accuracy(run: Run) -> dict[int, float]:
     """Each evaluated round's held-out accuracy of the aggregated model, by round from 0 (the
     server measures it after each round's FedAvg: webapp.runs.services.split_rounds)."""
-    per_round = max(1, run.batches * run.microbatches)
-    return {int(r["applied"]) // per_round - 1: float(r["accuracy"])
-            for r in split_rounds(run=run) if "applied" in r and "accuracy" in r}
+    return {int(r["round"]) - 1: float(r["accuracy"])
+            for r in split_rounds(run=run) if "round" in r and "accuracy" in r}
 
 
 def split_summary(*, run: Run) -> dict[str, Any]:

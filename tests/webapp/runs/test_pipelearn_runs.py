@@ -76,6 +76,11 @@ def test_each_method_is_planned_from_the_profiles(django_capture_on_commit_callb
         assert plan.status == Plan.Status.DONE and doc["kind"] == "pipelearn"
         assert doc["method"] == method and len(doc["run_plan"]["pipelines"]) == 3
         assert plan.period_s == pytest.approx(doc["epoch_s"] / 3)
+    # one split point for every device, so that each epoch averages whole models
+    for method in ("pipelearn", "sfl"):
+        splits = {d["split"] for d in plans[method].document["devices"].values()}
+        assert len(splits) == 1, (method, splits)
+        assert len(plans[method].document["run_plan"]["groups"]) == 2
     fl = plans["fl"].document["run_plan"]["pipelines"]
     assert {len(p["stages"]) for p in fl} == {1}
     sfl = plans["sfl"].document["run_plan"]["pipelines"]

@@ -16,8 +16,9 @@ from django.db import transaction
 
 from orchestrator.errors import FormatError, PlanningError
 from orchestrator.formats import DeviceSet
-from orchestrator.pipelearn_plan import METHODS, make_setting, plan_method
+from orchestrator.pipelearn_plan import METHODS, MethodPlan, make_setting, plan_method
 from orchestrator.pipelearn_run import (
+    common_split,
     pipelearn_run_plan,
     predicted_iteration_s,
     server_memory_need_bytes,
@@ -125,12 +126,13 @@ def _settings(run: Run) -> dict[str, Any]:
     return raw
 
 
-def pipelearn_plan_document(*, run: Run, method: str, clients: Sequence[str] | None = None
-                            ) -> dict[str, Any]:
-    """``method``'s plan of ``run`` (on ``clients``, default all of its): each client's split
-    P and parallel batch number N from the time model fed with the devices' measured profiles
-    and links, and the run plan agents train under it. PipelineError naming the field when
-    it cannot be (the server without memory for every client's server-side part, say)."""
+def pipelearn_method_plan(*, run: Run, method: str, clients: Sequence[str] | None = None
+                          ) -> MethodPlan:
+    """``method``'s plan by the time model for ``run`` (on ``clients``, default all of its),
+    fed with the devices' measured profiles and links: one split point P for every device
+    (each its own N), so that FedAvg averages whole models; under PipeLearn the user's
+    (P, N) of a device, where given, instead. ValueError naming the field when it cannot
+    be."""
     settings = _settings(run)
     profile, devices = run_planning_inputs(run=run)
     server = settings["server"]
@@ -139,21 +141,34 @@ def pipelearn_plan_document(*, run: Run, method: str, clients: Sequence[str] | N
     members = DeviceSet(devices=tuple(d for d in devices.devices if d.id in keep),
                         links=tuple(k for k in devices.links if {k.a, k.b} <= keep),
                         file=devices.file)
+    setting = make_setting(profile=profile, devices=members, server=server,
+                           batch_size=int(settings["batch_size"]),
+                           data_size=run.batches * int(settings["batch_size"]))
+    overrides = common_split(setting, method=method) if method != "fl" else {}
+    if method == "pipelearn":
+        overrides.update({uid: (int(p), int(n))
+                          for uid, (p, n) in (settings.get("overrides") or {}).items()
+                          if uid in chosen})
+    return plan_method(setting, method, overrides=overrides)
+
+
+def pipelearn_plan_document(*, run: Run, method: str, clients: Sequence[str] | None = None
+                            ) -> dict[str, Any]:
+    """``method``'s plan of ``run`` (pipelearn_method_plan) and the run plan agents train
+    under it. PlanningError naming the field when it cannot be (the server without memory
+    for every client's server-side part, say)."""
+    settings = _settings(run)
+    _, devices = run_planning_inputs(run=run)
+    server = settings["server"]
     try:
-        setting = make_setting(profile=profile, devices=members, server=server,
-                               batch_size=int(settings["batch_size"]),
-                               data_size=run.batches * int(settings["batch_size"]))
-        overrides = {uid: (int(p), int(n))
-                     for uid, (p, n) in (settings.get("overrides") or {}).items()
-                     if uid in chosen}
-        plan = plan_method(setting, method, overrides=overrides)
+        plan = pipelearn_method_plan(run=run, method=method, clients=clients)
         trained = pipelearn_run_plan(plan, batches=run.batches, epochs=run.epochs)
     except ValueError as exc:
         raise PlanningError(str(exc)) from None
     need, has = server_memory_need_bytes(plan), devices.device(server).memory_bytes
     if need > has:
         raise PlanningError(f"server: {server!r} has {has / 1e6:.0f} MB of memory, but the "
-                            f"{len(chosen)} clients' server-side parts need "
+                            f"{len(plan.devices)} clients' server-side parts need "
                             f"{need / 1e6:.0f} MB")
     return {"kind": "pipelearn", **trained.to_json(), **plan.to_json(),
             "iteration_s": predicted_iteration_s(plan)}

@@ -44,6 +44,19 @@ def uploader(run: Run) -> int:
     return min(left, default=0)
 
 
+def round_length(run: Run) -> int:
+    """Micro-batches of the uploading pipeline a round (PipeLearn: its N x the batches of an
+    epoch; split learning: the batches of a round)."""
+    plan = run.chosen_plan
+    current = Deployment.from_json(run.deployment).plan
+    document: Any = current if current else (None if plan is None else plan.document)
+    try:
+        total = int(document["run_plan"]["microbatches"][uploader(run)])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return max(1, run.batches * run.microbatches)
+    return max(1, total // max(1, run.epochs))
+
+
 def _parts(run: Run) -> list[tuple[int, int]]:
     """The layer ranges of the uploading pipeline's stages (a client's part-1, 2, 3; a
     PipeLearn device's layers and the server's copy), in the current generation's plan."""
@@ -117,7 +130,7 @@ def split_round_evaluate(*, run_id: int, applied: int) -> float | None:
         log.warning("run %s: the round ending at %s cannot be evaluated: %s", run.pk, applied,
                     exc)
         return None
-    round_index = applied // max(1, run.batches * run.microbatches)
+    round_index = applied // round_length(run)
     with transaction.atomic():
         at = run_clock(run)
         stored = metric_points_store(run=run, points=[
