@@ -216,3 +216,15 @@ def test_a_lost_devices_epoch_finishes_without_it(sent) -> None:
     assert all(c["pipelines"] == [1] and c["uploader"] == 0 for c in excluded.values())
     parts = RunDevice.objects.get(run=run, device__uid=server).parts
     assert [p.get("dropped", False) for p in parts] == [False, True, False]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_round_is_the_uploading_pipelines_n_times_the_epochs_iterations(sent) -> None:
+    from webapp.runs.services.split_rounds import round_length
+
+    run = pipelearn_run()
+    services.run_plan(run=run)
+    plan = Plan.objects.get(run=run, algorithm="pipelearn")
+    services.run_start(run=Run.objects.get(pk=run.pk), plan=plan)
+    n = plan.document["run_plan"]["pipelines"][0]["microbatches"]
+    assert round_length(Run.objects.get(pk=run.pk)) == 3 * n  # 3 iterations an epoch
