@@ -24,6 +24,7 @@ from webapp.demo.client import DemoError
 from webapp.demo.demo import stop_run, timed
 from webapp.demo.scenario import FINAL_STATES, DemoAgent, LocalTestbed, chosen_plan
 from webapp.demo.split import plan_split_run, wait_evaluated
+from webapp.demo.triggers import When
 from webapp.runs.models import LR_MAX, MOMENTUM_MAX, Run
 from webapp.runs.models import TimelineEvent as TimelineRow
 from webapp.runs.pipelearn_selectors import pipelearn_summary
@@ -68,6 +69,8 @@ class PipelearnDemoOptions:
     momentum: float | None = None
     headless: bool = False
     run_timeout_s: float = 900.0
+    kill_agents: tuple[str, ...] = ()  # fault injection: these agents are killed (SIGKILL)
+    kill_agent_at_batch: int | None = None  # once some device trained this many micro-batches
 
 
 # the API's fields (POST /api/runs/pipelearn/) by the demo's options
@@ -113,6 +116,14 @@ def check_options(o: PipelearnDemoOptions) -> None:
         raise DemoError(f"--lr must be above 0 and at most {LR_MAX:g}, got {o.lr:g}")
     if o.momentum is not None and not 0 <= o.momentum <= MOMENTUM_MAX:
         raise DemoError(f"--momentum must be from 0 to {MOMENTUM_MAX}, got {o.momentum:g}")
+    names = {a.name for a in (server_agent(), *device_agents(o.devices))}
+    for name in o.kill_agents:
+        if name not in names:
+            raise DemoError(f"--kill-agent: no agent named {name!r}; the agents: "
+                            f"{', '.join(sorted(names))}")
+    if bool(o.kill_agents) != (o.kill_agent_at_batch is not None):
+        raise DemoError("--kill-agent NAME and --kill-agent-at-batch N go together with "
+                        "--pipelearn")
 
 
 def create_pipelearn_run(testbed: LocalTestbed, o: PipelearnDemoOptions, spec: int,
@@ -279,10 +290,17 @@ def describe_summary(summary: dict[str, Any], names: dict[str, str]) -> list[str
 
 
 def train_plan(testbed: LocalTestbed, run_id: int, plan_id: int, *, timeout_s: float,
-               say: Callable[[str], None]) -> dict[str, Any]:
+               say: Callable[[str], None],
+               kill: tuple[tuple[DemoAgent, ...], int] | None = None) -> dict[str, Any]:
     """Start the plan, wait for the run's end and its epochs' held-out accuracy (as the split
-    demo waits for its rounds'); the summary with_figures."""
+    demo waits for its rounds'); the summary with_figures. ``kill``: agents killed (SIGKILL)
+    once some device has trained that many micro-batches."""
     testbed.start(run_id, plan_id)
+    if kill is not None:
+        when = When(batches=kill[1])
+        say(f"fault injection: {', '.join(a.name for a in kill[0])} will be killed once a "
+            f"device has trained {kill[1]} micro-batches")
+        testbed.kill_agent_at(run_id, list(kill[0]), when)
     testbed.wait_state(run_id, FINAL_STATES, timeout_s)
     wait_evaluated(testbed, run_id, say)
     run = Run.objects.get(pk=run_id)
@@ -337,7 +355,10 @@ def run_pipelearn_demo(options: PipelearnDemoOptions, *, say: Callable[[str], No
             except KeyboardInterrupt:
                 stop_run(testbed, run_id, say)
                 raise
-        summary = train_plan(testbed, run_id, row["plan"], timeout_s=o.run_timeout_s, say=say)
+        kill = ((tuple(testbed.agent_named(n) for n in o.kill_agents), o.kill_agent_at_batch)
+                if o.kill_agents and o.kill_agent_at_batch is not None else None)
+        summary = train_plan(testbed, run_id, row["plan"], timeout_s=o.run_timeout_s, say=say,
+                             kill=kill)
         if summary["state"] != Run.State.FINISHED:
             say(f"  the run ended {summary['state']}: {summary['error']}")
         for line in describe_summary(summary, names):

@@ -35,8 +35,7 @@ SPLIT_ONLY = {"clients": "--clients", "helpers": "--helpers", "sigma1": "--sigma
 PIPELEARN_ONLY = {"devices": "--devices", "epochs": "--epochs", "method": "--method"}
 # what --pipelearn refuses: the other demos' options but the shard split they share
 NOT_PIPELEARN = {**PIPELINE_ONLY, **{d: o for d, o in SPLIT_ONLY.items() if d != "shard_split"},
-                 "algorithms": "--algorithms", "plan": "--plan", "kill_agent": "--kill-agent",
-                 "kill_agent_at_batch": "--kill-agent-at-batch"}
+                 "algorithms": "--algorithms", "plan": "--plan"}
 
 
 class Command(BaseCommand):
@@ -264,7 +263,9 @@ def _pipelearn_options(options: dict[str, Any]) -> PipelearnDemoOptions:
         batches=10 if options["batches"] is None else options["batches"],
         epochs=options["epochs"], method=options["method"],
         shard_split=options["shard_split"], lr=options["lr"], momentum=options["momentum"],
-        headless=options["headless"])
+        headless=options["headless"],
+        kill_agents=tuple(a.strip() for a in options["kill_agent"].split(",") if a.strip()),
+        kill_agent_at_batch=options["kill_agent_at_batch"])
 
 
 def _positive_seconds(text: str) -> float:
