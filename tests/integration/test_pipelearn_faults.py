@@ -84,3 +84,5 @@ def test_a_lost_server_fails_the_run_saying_so(tmp_path: Path) -> None:
     summary, database = killed_run(tmp_path, "pl-server")
     assert summary["state"] == "failed", summary
     assert "lost its server" in summary["error"], summary
+    [(state,)] = rows(database, "SELECT state FROM runs_run WHERE id = ?", summary["run"])
+    assert state == "failed"
