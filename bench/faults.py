@@ -312,12 +312,8 @@ def fault_run(testbed: Any, spec: int, *, model: str, scenario: str, policy: str
     from orchestrator.recovery import successor_takes_over
     from webapp.demo.client import DemoError
     from webapp.runs.models import Run, TimelineEvent
-    from webapp.runs.selectors import (
-        fault_recoveries,
-        last_stage_backwards,
-        run_faults,
-        run_planning_inputs,
-    )
+    from webapp.runs.selectors import run_faults, run_planning_inputs
+    from webapp.runs.summaries import fault_recoveries, last_stage_backwards
 
     names = {d["uid"]: a.name for d, a in zip(testbed.devices, testbed.agents, strict=True)}
     agents = {d["uid"]: a for d, a in zip(testbed.devices, testbed.agents, strict=True)}

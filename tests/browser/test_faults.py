@@ -166,7 +166,7 @@ def test_a_recovery_fills_the_faults_panel_live_and_marks_the_gantt(
     assert page.evaluate("""() => document.getElementById('recoveries-chart').data
         .find(t => t.type === 'scatter').x.length""") == 7
     # what the page shows is the server's grouping of the run's faults
-    from webapp.runs.selectors import fault_recoveries
+    from webapp.runs.summaries import fault_recoveries
 
     fresh = page.evaluate(
         """path => new Promise((resolve, reject) => {
@@ -179,13 +179,13 @@ def test_a_recovery_fills_the_faults_panel_live_and_marks_the_gantt(
 
 def test_the_page_groups_faults_into_recoveries_as_the_server_does(
         visit: Visit, server: Server, fault_lab):
-    """EdgePipe.faults.recoveries (the page) and webapp.runs.selectors.fault_recoveries (the
+    """EdgePipe.faults.recoveries (the page) and webapp.runs.summaries.fault_recoveries (the
     server) on the same events: out of order, a loss during a recovery, a run failing while
     recovering, dynamic re-partitions made and skipped, missing figures."""
     import random
 
     from tests.webapp.dashboard import test_recoveries as cases
-    from webapp.runs.selectors import fault_recoveries
+    from webapp.runs.summaries import fault_recoveries
 
     spec, devices = fault_lab
     run, _ = starting_run(server, spec, devices, "groups")

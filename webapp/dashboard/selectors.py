@@ -32,9 +32,10 @@ from webapp.runs.models import (
 )
 from webapp.runs.models import TimelineEvent as TimelineRow
 from webapp.runs.pipelearn_selectors import pipelearn_plan_layout
-from webapp.runs.selectors import plan_best, run_list, run_summary
+from webapp.runs.selectors import plan_best, run_list
 from webapp.runs.split_selectors import split_plan_layout
 from webapp.runs.states import ACTIVE, Deployment, RunState
+from webapp.runs.summaries import run_summary
 
 RUNS_PER_PAGE = 50
 # the run-list filters: label -> states
@@ -430,7 +431,7 @@ def runs_compare_ids(raw: list[str]) -> list[int]:
 
 
 def runs_compared(runs: list[Run]) -> list[dict[str, Any]]:
-    """Each run with its figures (webapp.runs.selectors.run_summary: measured against the
+    """Each run with its figures (webapp.runs.summaries.run_summary: measured against the
     simulator for the same plan and length, idle per device, loss), its chosen plan's layout
     and its throughput over time; the best measured throughput is marked."""
     rows = []

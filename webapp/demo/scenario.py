@@ -39,7 +39,7 @@ from webapp.demo.triggers import BatchTrigger, When, run_progress
 from webapp.devices import services as device_services
 from webapp.devices import supervision
 from webapp.runs.models import Run
-from webapp.runs.selectors import run_summary
+from webapp.runs.summaries import run_summary
 
 FINAL_STATES = (Run.State.FINISHED, Run.State.FAILED, Run.State.CANCELLED)
 SERVER_START_S = 90.0  # how long the agents wait for the web server they start beside
@@ -444,7 +444,7 @@ class LocalTestbed:
         return self.at_run_time(run_id, at_s, slow)
 
     def finish(self, run_id: int, *, timeout_s: float = 900.0) -> dict[str, Any]:
-        """Wait for the run to end; its summary (runs.selectors.run_summary)."""
+        """Wait for the run to end; its summary (runs.summaries.run_summary)."""
         final = self.wait_state(run_id, FINAL_STATES, timeout_s)
         return run_summary(run=Run.objects.get(pk=final["id"]))
 

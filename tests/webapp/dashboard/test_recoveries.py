@@ -1,4 +1,4 @@
-"""Fault events grouped into recoveries (webapp.runs.selectors.fault_recoveries, what the run
+"""Fault events grouped into recoveries (webapp.runs.summaries.fault_recoveries, what the run
 page's "Faults and recoveries" panel shows) and the run summary's fault figures, from
 hand-built events."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from tests.webapp.factories import DeviceFactory, RunFactory
 from webapp.runs.models import FaultEvent, TimelineEvent
-from webapp.runs.selectors import fault_recoveries, run_summary
+from webapp.runs.summaries import fault_recoveries, run_summary
 
 
 def fault(at: float, kind: str, device: str | None = None, **detail: Any) -> dict[str, Any]:
