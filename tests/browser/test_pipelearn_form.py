@@ -22,7 +22,7 @@ PLANNED_WITHIN_MS = 60_000
 def test_train_pipelearn_on_three_devices_from_the_form(visit: Visit, server: Server):
     # Prepare: three devices enrolled, each with its profile of an 8-layer model
     user = server.api()
-    spec, devices = generated_testbed(seed=37, layers=8, devices=3)
+    spec, devices = generated_testbed(seed=37, layers=19, devices=3)
     spec_id, enrolled = enrol(user, spec, devices)
     server_id, *client_ids = [d["id"] for d in enrolled]
     page = visit.page
@@ -42,13 +42,13 @@ def test_train_pipelearn_on_three_devices_from_the_form(visit: Visit, server: Se
     page.fill("#id_batch_size", "8")
     page.fill("#id_batches", "3")
     page.fill("#id_epochs", "2")
-    page.fill(f"#id_split-{client_ids[0]}", "8")  # layers 0..7: nothing left on the server
+    page.fill(f"#id_split-{client_ids[0]}", "19")  # layers 0..18: nothing left on the server
     page.fill(f"#id_parallel_batches-{client_ids[0]}", "2")
     page.click("text=Create and plan")
     # refused: the reason on the device's row, the rest of the form as it was
     error = page.locator(f'[data-device="{client_ids[0]}"] [data-for="device-{client_ids[0]}"]')
-    assert error.inner_text() == ("P: must be from 1 to 7 (layers [0, P) on the device, the "
-                                  "rest on the server), got 8")
+    assert error.inner_text() == ("P: must be from 1 to 18 (layers [0, P) on the device, the "
+                                  "rest on the server), got 19")
     assert page.locator(".field-error").count() == 1
     assert page.input_value("#id_name") == "pipelearn on three devices"
     assert page.input_value("#id_model_spec") == str(spec_id)

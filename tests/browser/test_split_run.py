@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
 
 @pytest.fixture(scope="module")
 def lab(server: Server) -> tuple[int, list[dict[str, Any]]]:
-    return test_figures.renamed_lab(server, seed=67, layers=11)
+    return test_figures.renamed_lab(server, seed=67, layers=17)
 
 
 def starting_split_run(server: Server, spec: int, devices: list[dict[str, Any]]

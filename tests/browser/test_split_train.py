@@ -21,7 +21,7 @@ PLANNED_WITHIN_MS = 60_000
 def test_train_split_learning_on_three_devices_from_the_form(visit: Visit, server: Server):
     # Prepare: three devices enrolled, each with its profile of an 8-layer model
     user = server.api()
-    spec, devices = generated_testbed(seed=31, layers=12, devices=3)
+    spec, devices = generated_testbed(seed=31, layers=18, devices=3)
     spec_id, enrolled = enrol(user, spec, devices)
     ids = [d["id"] for d in enrolled]
     page = visit.page
@@ -39,15 +39,15 @@ def test_train_split_learning_on_three_devices_from_the_form(visit: Visit, serve
     assert [m for m in ("exact", "admm", *METHODS) if page.is_checked(f"#method-{m}")] == \
         list(METHODS)
     page.fill("#id_sigma1", "2")
-    page.fill("#id_sigma2", "7")  # layers 0..7: nothing left for part-3
+    page.fill("#id_sigma2", "17")  # layers 0..17: nothing left for part-3
     page.fill("#id_epochs", "2")
     page.fill("#id_batches", "5")
     page.fill("#id_time_limit_s", "2")
     page.click("text=Create and plan")
     # refused: the reason next to the cut, the rest of the form as it was
     error = page.locator('.field.has-error [data-for="sigma2"]')
-    assert error.inner_text() == ("must be at most 6 so that part-3 (layers sigma2+1..7) is "
-                                  "not empty, got 7")
+    assert error.inner_text() == ("must be at most 16 so that part-3 (layers sigma2+1..17) "
+                                  "is not empty, got 17")
     assert page.locator(".field.has-error").count() == 1
     assert page.input_value("#id_name") == "split on three devices"
     assert page.input_value("#id_model_spec") == str(spec_id)
