@@ -162,3 +162,20 @@ def test_no_helper_left_fails_the_run_naming_it(
     halt_survivors(Run.objects.get(pk=run.pk), sent)
     run.refresh_from_db()
     assert run.state == Run.State.FAILED and "no helper is left" in run.error
+
+
+def test_losing_the_last_client_still_training_finishes_the_run(
+        settings: Any, tmp_path: Any, sent: list[tuple[str, dict[str, Any]]]) -> None:
+    run = running(settings, tmp_path)
+    clients = run.split["clients"]
+    lost = clients[2]
+    # every stage but the lost client's pipeline's ends
+    for rd in RunDevice.objects.filter(run=run).select_related("device"):
+        for part in rd.parts:
+            if part["pipeline"] != 2:
+                services.run_stage_done(run=run, device=rd.device, generation=0,
+                                        pipeline=part["pipeline"], stage=part["stage"])
+    assert Run.objects.get(pk=run.pk).state == Run.State.RUNNING
+    recovery.run_device_lost(device=Device.objects.get(uid=lost), reason="gone",
+                             detected_by="disconnect")
+    assert Run.objects.get(pk=run.pk).state == Run.State.FINISHED

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from webapp.devices.commands import command_build, device_command_send
 from webapp.runs.models import Run, RunDevice
-from webapp.runs.services.control import control_event
+from webapp.runs.services.control import control_event, finish_if_done
 from webapp.runs.states import RunState
 
 S = RunDevice.StageState
@@ -69,4 +69,5 @@ def go_on_without(run: Run, lost: Sequence[RunDevice], *, reason: str,
             device_command_send(uid=rd.device.uid, command=command_build(
                 "exclude", run=run.pk, generation=run.generation, pipelines=sorted(gone),
                 uploader=uploader))
-    return run
+    # the others may all have ended already: then the run has
+    return finish_if_done(run)

@@ -108,6 +108,18 @@ def command_all_stages(run: Run, name: str, **fields: Any) -> None:
         device_command_send(uid=rd.device.uid, command=command_build(name, run=run.pk, **fields))
 
 
+def finish_if_done(run: Run) -> Run:
+    """With the run locked, running or paused: finish it once every staged device is done."""
+    if any(s.stage_state != RunDevice.StageState.DONE for s in staged_devices(run)):
+        return run
+    control_event(run, "run_finished")
+    finished = move_run(run, RunState.FINISHED, action="finish", finished_at=timezone.now())
+    # the agents forget the run at once: its weights, and its peers' admission to their data
+    # planes (without it, a finished run's peers stayed admitted until RUN_END_GRACE_S)
+    command_all_stages(finished, "stop")
+    return finished
+
+
 def fail_run(run: Run, error: str, *, device: str = "") -> Run:
     """Fail a run that is starting or running: tell its agents to stop, say why."""
     failed = move_run(run, RunState.FAILED, action="fail", error=error,

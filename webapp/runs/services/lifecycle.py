@@ -33,6 +33,7 @@ from webapp.runs.services.control import (
     command_all_stages,
     control_event,
     fail_run,
+    finish_if_done,
     lock_run,
     move_run,
     part_reached,
@@ -268,14 +269,7 @@ def run_stage_done(*, run: Run, device: Device, generation: int | None = None,
     events.run_event_send(locked.pk, events.event_idle(locked))  # the throttle's last word
     if locked.state not in (RunState.RUNNING, RunState.PAUSED):
         return locked
-    if any(s.stage_state != RunDevice.StageState.DONE for s in staged_devices(locked)):
-        return locked
-    control_event(locked, "run_finished")
-    finished = move_run(locked, RunState.FINISHED, action="finish", finished_at=timezone.now())
-    # the agents forget the run at once: its weights, and its peers' admission to their data
-    # planes (without it, a finished run's peers stayed admitted until RUN_END_GRACE_S)
-    command_all_stages(finished, "stop")
-    return finished
+    return finish_if_done(locked)
 
 
 def runs_fail_stalled(*, older_than_s: float) -> list[int]:
