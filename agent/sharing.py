@@ -141,7 +141,6 @@ class Sharing:
         except ValueError as exc:
             raise SharingError(f"stage {self.spec.stage}, micro-batch {m}: {exc}") from None
 
-
     def average_group(self: Host, action: Action) -> None:
         """A round's end: the live weights become the average of the aggregation group's
         members' (FedAvg, weighted by ``group_weight``), by ring all-reduce of the weighted
