@@ -70,8 +70,8 @@ def spec_fields(*, run: Run, document: PlanDocument, cm: CostModel) -> dict[str,
 
 
 def _plan_specs(run: Run, plan: Plan) -> dict[str, list[StageSpec]]:
-    """What each device of ``plan`` runs, by device uid: one stage, or (a split run) every
-    stage it holds in any pipeline."""
+    """What each device of ``plan`` runs, by device uid: one stage, or (a split or PipeLearn
+    run) every stage it holds in any pipeline."""
     if run.kind in MULTI_PIPELINE_KINDS:
         specs_of = split_stage_specs if run.kind == "split" else pipelearn_stage_specs
         held: dict[str, list[StageSpec]] = {}
@@ -83,8 +83,8 @@ def _plan_specs(run: Run, plan: Plan) -> dict[str, list[StageSpec]]:
 
 def deploy_plan(run: Run, plan: Plan) -> Run:
     """Send every device of ``plan`` its stages; a device that cannot take them fails the
-    run. A device of a split run is told each of its stages in a deploy of its own, and its
-    ``parts`` follow each one's answer."""
+    run. A device of a split or PipeLearn run is told each of its stages in a deploy of its
+    own, and its ``parts`` follow each one's answer."""
     try:
         specs = _plan_specs(run, plan)
     except (PlanningError, FormatError, ProtocolError) as exc:
