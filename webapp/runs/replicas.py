@@ -51,7 +51,7 @@ from orchestrator.redistribution import tensor_layer
 from webapp.common.exceptions import ApplicationError, Conflict, FieldError, InvalidInput
 from webapp.devices.models import Device
 from webapp.devices.selectors import model_num_layers
-from webapp.runs.models import MULTI_PIPELINE_KINDS, Run, WeightReplica
+from webapp.runs.models import MULTI_PIPELINE_KINDS, FaultEvent, Run, WeightReplica
 from webapp.runs.states import ACTIVE, Deployment, Recovery, RunState
 
 log = logging.getLogger(__name__)
@@ -272,7 +272,8 @@ def replica_store(*, run: Run, device: Device, first: int, last: int, applied: i
             # one upload at a time, checked against the run as it is now (a recovery may have
             # moved the device's stage meanwhile)
             locked = (Run.objects.select_for_update()
-                      .only("pk", "state", "deployment", "recovery", "chosen_plan").get(pk=run.pk))
+                      .only("pk", "kind", "state", "deployment", "recovery", "chosen_plan")
+                      .get(pk=run.pk))
             _check_uploader(locked, device, first, last)
             kept = WeightReplica.objects.filter(run=run, first=first, last=last)
             resume = _resume_point(locked)
@@ -294,9 +295,15 @@ def replica_store(*, run: Run, device: Device, first: int, last: int, applied: i
                 defaults={"device": device.uid, "path": relative, "bytes": len(data),
                           "sha256": digest, "created_at": timezone.now()})
             os.replace(tmp, _absolute(relative))
-            stale = kept.order_by("-applied").values_list("pk", flat=True)[KEEP:]
+            stale = list(kept.order_by("-applied").values_list("pk", "applied")[KEEP:])
+            if locked.kind in MULTI_PIPELINE_KINDS:
+                # a round's averaged model stays until the server has measured it (its
+                # Celery task may come after later rounds' uploads, on a busy worker)
+                measured = set(FaultEvent.objects.filter(run=run, kind="round_evaluated")
+                               .values_list("detail__applied", flat=True))
+                stale = [(pk, a) for pk, a in stale if a in measured]
             # each deleted row's file goes after the commit (replica_file_delete)
-            WeightReplica.objects.filter(pk__in=list(stale)).delete()
+            WeightReplica.objects.filter(pk__in=[pk for pk, _ in stale]).delete()
     finally:
         tmp.unlink(missing_ok=True)
     log.info("run %s: replica of layers %s..%s at applied %s from %s (%s bytes)", run.pk,

@@ -157,3 +157,19 @@ def test_the_pages_read_a_split_runs_plan_ghosts_and_progress(
     assert {e.get("pipeline", 0) for e in ghost["events"]} == {0, 1}
     # a pipeline run has no split progress
     assert api.get(f"/api/runs/{RunFactory().pk}/split/").status_code == 409
+
+
+def test_a_rounds_model_is_kept_until_measured_after_later_rounds_uploads(
+        settings: Any, tmp_path: Any, quiet: list[tuple[int, int]]) -> None:
+    # a busy worker evaluates round 1 after rounds 2 and 3 were uploaded: its parts are kept
+    # (the two newest of each layer range were, and round 1 went unmeasured)
+    run = running_split_run(settings, tmp_path)
+    client0 = Device.objects.get(uid=run.split["clients"][0])
+    helper = Device.objects.get(uid=run.chosen_plan.document["run_plan"]["pipelines"][0]
+                                ["stages"][1]["devices"][0])
+    for applied in (5, 10, 15):
+        blobs = trained_blobs(run.pk, steps=5, applied=applied, run=run.pk)
+        for (a, e), device in zip(PARTS, (client0, helper, client0), strict=True):
+            replicas.replica_store(run=run, device=device, first=a, last=e, applied=applied,
+                                   data=blobs[(a, e)])
+    assert split_rounds.split_round_evaluate(run_id=run.pk, applied=5) is not None
