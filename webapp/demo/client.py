@@ -91,3 +91,13 @@ def wait_for(condition: Callable[[], Any], *, timeout_s: float, what: str,
             raise DemoError(f"timed out after {timeout_s:.0f} s waiting for {what}")
         time.sleep(pause_s)
         pause_s = min(every_s, pause_s * LOOK_GROWTH)
+
+
+def option_error(exc: DemoError, options: dict[str, str]) -> DemoError:
+    """The API's 400 answer as the demo option it is about (``options``: the option of each
+    API field), as "--sigma2: must be at most 2 ..."; any other error as it is."""
+    if exc.status != 400 or not exc.errors:
+        return exc
+    field, reason = exc.errors[0].get("field", ""), exc.errors[0].get("reason", "")
+    option = options.get(field.split(".")[-1].split("[")[0])
+    return DemoError(f"{option}: {reason}" if option else f"{field}: {reason}")

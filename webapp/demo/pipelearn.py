@@ -20,7 +20,7 @@ from typing import Any
 from agent.zoo import MODELS
 from orchestrator.pipelearn_plan import METHODS
 from orchestrator.schedule import MAX_MICROBATCHES
-from webapp.demo.client import DemoError
+from webapp.demo.client import DemoError, option_error
 from webapp.demo.demo import stop_run, timed
 from webapp.demo.scenario import FINAL_STATES, DemoAgent, LocalTestbed, chosen_plan
 from webapp.demo.split import plan_split_run, wait_evaluated
@@ -81,17 +81,6 @@ OPTION_OF_FIELD = {"batch_size": "--batch-size", "batches": "--batches", "epochs
                    "dataset": "--dataset"}
 
 
-def option_error(exc: DemoError) -> DemoError:
-    """The API's 400 answer as the demo option it is about: "--epochs: must be an integer
-    from 1 to 10,000"."""
-    if exc.status != 400 or not exc.errors:
-        return exc
-    field, reason = exc.errors[0].get("field", ""), exc.errors[0].get("reason", "")
-    name = field.split(".")[-1].split("[")[0]
-    option = OPTION_OF_FIELD.get(name)
-    return DemoError(f"{option}: {reason}" if option else f"{field}: {reason}")
-
-
 def check_options(o: PipelearnDemoOptions) -> None:
     """What the demo checks itself, before any process starts (the rest goes to the API,
     whose 400 answer option_error names)."""
@@ -142,7 +131,7 @@ def create_pipelearn_run(testbed: LocalTestbed, o: PipelearnDemoOptions, spec: i
     try:
         return int(testbed.api.post("/api/runs/pipelearn/", payload)["id"])
     except DemoError as exc:
-        raise option_error(exc) from None
+        raise option_error(exc, OPTION_OF_FIELD) from None
 
 
 def plan_pipelearn_run(testbed: LocalTestbed, run_id: int) -> dict[str, Any]:
@@ -323,7 +312,7 @@ def run_pipelearn_demo(options: PipelearnDemoOptions, *, say: Callable[[str], No
             spec = int(testbed.api.post("/api/model-specs/", {
                 "model": o.model, "dataset": o.dataset, "batch_size": o.batch_size})["id"])
         except DemoError as exc:
-            raise option_error(exc) from None
+            raise option_error(exc, OPTION_OF_FIELD) from None
         # the settings go to the API first: a refused one ends the demo before any work
         run_id = create_pipelearn_run(testbed, o, spec, server, clients)
         links = testbed.measure_links()

@@ -13,7 +13,7 @@ from typing import Any
 
 from orchestrator.schedule import MAX_MICROBATCHES
 from orchestrator.sl.solve import METHODS
-from webapp.demo.client import DemoError, wait_for
+from webapp.demo.client import DemoError, option_error, wait_for
 from webapp.demo.demo import stop_run, timed
 from webapp.demo.scenario import FINAL_STATES, DemoAgent, LocalTestbed, chosen_plan
 from webapp.demo.triggers import When
@@ -88,17 +88,6 @@ OPTION_OF_FIELD = {"sigma1": "--sigma1", "sigma2": "--sigma2", "batches": "--bat
                    "momentum": "--momentum"}
 
 
-def option_error(exc: DemoError) -> DemoError:
-    """The API's 400 answer as the demo option it is about: "--sigma2: must be at most 2 so
-    that part-3 (layers sigma2+1..3) is not empty, got 3"."""
-    if exc.status != 400 or not exc.errors:
-        return exc
-    field, reason = exc.errors[0].get("field", ""), exc.errors[0].get("reason", "")
-    name = field.split(".")[-1].split("[")[0]
-    option = OPTION_OF_FIELD.get(name)
-    return DemoError(f"{option}: {reason}" if option else f"{field}: {reason}")
-
-
 def check_options(o: SplitDemoOptions) -> None:
     """What the demo checks itself (the cuts, the shard split and the methods go to the API,
     whose 400 answer option_error names)."""
@@ -161,7 +150,7 @@ def create_split_run(testbed: LocalTestbed, o: SplitDemoOptions, spec: int,
     try:
         return int(testbed.api.post("/api/runs/split/", payload)["id"])
     except DemoError as exc:
-        raise option_error(exc) from None
+        raise option_error(exc, OPTION_OF_FIELD) from None
 
 
 def plan_split_run(testbed: LocalTestbed, run_id: int) -> dict[str, Any]:
