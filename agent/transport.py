@@ -11,9 +11,11 @@ kind, micro-batch, name), at most ``max_pending`` of them and ``max_pending_byte
 new ones are dropped with a log line. A frame that is not a message is refused and the
 receiver goes on.
 Emulation for heterogeneous testbeds on one machine: ``bandwidth_bps`` and ``latency_s``
-shape what this agent sends (each message takes bytes / bandwidth + latency on a single
-outgoing line, as the cost model's transfers do), on a sender thread that holds each message
-back that long.
+shape what this agent sends, on a sender thread that holds each message back: a message holds
+the single outgoing line for bytes / bandwidth, one after the other, and arrives ``latency_s``
+after it left the line (a propagation delay, as on a real network and in the simulator and
+time models: back-to-back messages are in flight together, not each holding the line for the
+latency).
 
 Links are measured over the data plane itself: :meth:`DataPlane.measure_link` sends ``probe``
 pings (named ``ping:<sender>``) that the peer's receiver answers at once with a one-byte
@@ -62,9 +64,9 @@ class Shaping:
     bandwidth_bps: float | None = None  # bytes per second
     latency_s: float = 0.0
 
-    def delay_s(self, nbytes: int) -> float:
-        wire = nbytes / self.bandwidth_bps if self.bandwidth_bps else 0.0
-        return wire + self.latency_s
+    def wire_s(self, nbytes: int) -> float:
+        """How long ``nbytes`` hold the line."""
+        return nbytes / self.bandwidth_bps if self.bandwidth_bps else 0.0
 
 
 @dataclass
@@ -84,6 +86,8 @@ class _Outgoing:
     frames: list[bytes]
     header: Header
     done: threading.Event | None = None  # set once sent, for a caller that waits for it
+    start: float = 0.0  # on a shaped line: when the line took it
+    deliver: float = 0.0  # and when it arrives
 
 
 @dataclass(frozen=True)
@@ -160,7 +164,8 @@ class DataPlane:
         self._sending = threading.Lock()
         # peer -> ((address, public key), socket, its monitor of handshake failures)
         self._sockets: dict[str, _PeerSocket] = {}
-        self._free_at = 0.0  # when the shaped line is next free
+        self._free_at = 0.0  # when the shaped line is next free (under _line)
+        self._line = threading.Lock()
         # messages to send; an Event is a flush marker, None stops the sender
         self._outgoing: queue.Queue[_Outgoing | threading.Event | None] = queue.Queue()
         # by (run, kind, micro-batch, name): a late message of a run that ended (a halted
@@ -244,7 +249,14 @@ class DataPlane:
             with self._sending:
                 self._deliver(item)
             return
-        self._outgoing.put(item)
+        nbytes = sum(len(f) for f in frames[1:])
+        with self._line:
+            # the line takes it as soon as it is free; it arrives the latency after it left
+            # the line, so deliveries keep the order of sends
+            item.start = max(self.clock(), self._free_at)
+            self._free_at = item.start + self.shaping.wire_s(nbytes)
+            item.deliver = self._free_at + self.shaping.latency_s
+            self._outgoing.put(item)
         if item.done is not None:
             item.done.wait()
 
@@ -292,15 +304,14 @@ class DataPlane:
             poller.poll(SEND_POLL_MS)
 
     def _deliver(self, item: _Outgoing) -> None:
-        """Send one message now, after the shaped line's delay (under ``_sending``)."""
+        """Send one message at its delivery time (now on an unshaped line; under
+        ``_sending``)."""
         nbytes = sum(len(f) for f in item.frames[1:])
-        start = max(self.clock(), self._free_at)
-        deliver = start + self.shaping.delay_s(nbytes)
-        pause = deliver - self.clock()
+        start = item.start if self.shaped else self.clock()
+        pause = item.deliver - self.clock()
         if pause > 0:
             time.sleep(pause)
         self._send_now(item.peer, item.frames)
-        self._free_at = deliver
         end = self.clock()
         if self.on_send is not None:
             self.on_send(SendRecord(peer=item.peer, header=item.header, nbytes=nbytes,

@@ -188,10 +188,37 @@ def test_shaping_emulates_a_slow_link() -> None:
         for m in range(3):
             b.receive(1, "activation", m, timeout_s=5)
         elapsed = time.monotonic() - started
-        assert 0.27 <= elapsed <= 1.5  # three serialised transfers of 0.1 s each
+        # three transfers holding the line 50 ms each, the last arriving 50 ms after it left
+        assert 0.19 <= elapsed <= 1.5
         assert a.flush(timeout_s=5)
         assert [s.nbytes for s in sends] == [50_000] * 3
         assert all(s.end - s.start >= 0.095 for s in sends)
+        assert [round(s.start - sends[0].start, 2) for s in sends] == [0.0, 0.05, 0.1]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_latency_delays_messages_without_holding_the_line() -> None:
+    # the latency is a propagation delay: back-to-back messages are in flight together, as on
+    # a real network and in the time models (each held the line for the latency, and 20 small
+    # messages of a PipeLearn iteration took 20 latencies where the time model counts one)
+    a = DataPlane(bind="tcp://127.0.0.1:0", shaping=Shaping(bandwidth_bps=100_000_000,
+                                                             latency_s=0.2))
+    b = DataPlane(bind="tcp://127.0.0.1:0")
+    try:
+        link(a, b)
+        tensor = torch.zeros(10, dtype=torch.uint8)
+        started = time.monotonic()
+        for m in range(20):
+            a.send("b", encode(run=1, kind="activation", microbatch=m, version=0, tensor=tensor))
+        first = None
+        for m in range(20):
+            b.receive(1, "activation", m, timeout_s=10)
+            first = first or time.monotonic() - started
+        elapsed = time.monotonic() - started
+        assert first is not None and first >= 0.19  # each still arrives after the latency
+        assert elapsed < 2.0  # not 20 x 0.2 s
     finally:
         a.close()
         b.close()
