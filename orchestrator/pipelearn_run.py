@@ -6,8 +6,13 @@ iteration splits a batch of B samples into N micro-batches of ``B // N`` (the au
 rounding): the device runs the N forwards back to back, each activation goes up as soon as it
 is ready, the server runs each micro-batch's forward and backward as it arrives, each gradient
 comes down, and the device runs the N backwards once its forwards are done; then both sides
-update. That is a two-stage pipeline under GPipe with N micro-batches a batch, one per
-device, whose server stages share the server (orchestrator.runplan). SFL is the same with
+update. That is a two-stage pipeline with N micro-batches a batch, one per device, whose
+server stages share the server (orchestrator.runplan), under 1F1B-sync with N micro-batches
+in flight on the device and one on the server: the device's 1F1B window of N is every
+forward, then every backward, and the server's of one is each micro-batch's forward then its
+backward, as it arrives (Table I). Under GPipe the server ran every forward before the first
+backward, so no gradient came down before the last activation went up: on a link-bound
+device that was a third of the iteration. SFL is the same with
 N = 1; FL one stage, the whole model, on the device. At the end of each epoch the devices'
 models and the server's copies are averaged (FedAvg, weighted by samples): the run plan's
 aggregation groups, one per distinct layer range of each side.
@@ -24,7 +29,7 @@ from orchestrator.pipelearn import iteration_time, parallel_batches, stage_times
 from orchestrator.pipelearn_plan import MethodPlan, Setting
 from orchestrator.runplan import AggregationGroup, RunPlan
 
-SCHEDULE = "gpipe"  # N forwards, then N backwards, then the update: PipeLearn's iteration
+SCHEDULE = "1f1b-sync"  # with the depths of pipeline_depths: PipeLearn's iteration
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,13 @@ def common_split(setting: Setting, *, method: str) -> dict[str, tuple[int, int]]
     return {} if best is None else best[1]
 
 
+def pipeline_depths(num_stages: int, parallel_batches: int) -> tuple[int, ...]:
+    """Micro-batches in flight on each stage of a device's pipeline under :data:`SCHEDULE`:
+    all N on the device (every forward, then every backward), one on the server (each
+    micro-batch's backward right after its forward)."""
+    return (parallel_batches,) if num_stages == 1 else (parallel_batches, 1)
+
+
 def server_memory_need_bytes(plan: MethodPlan) -> float:
     """The memory the server needs for every client's copy of layers ``[P, L)`` (the cost
     model's count for the last of two stages: one stashed version of its weights and
@@ -94,7 +106,8 @@ def pipelearn_run_plan(plan: MethodPlan, *, batches: int, epochs: int) -> Pipele
                   (Stage((0, d.split - 1), (d.device,)),
                    Stage((d.split, layers - 1), (setting.server,))))
         pipelines.append(Plan(algorithm=f"pipelearn-{plan.method}", schedule=SCHEDULE,
-                              microbatches=d.parallel_batches, stages=stages))
+                              microbatches=d.parallel_batches, stages=stages,
+                              inflight=pipeline_depths(len(stages), d.parallel_batches)))
         size = max(1, setting.batch_size // d.parallel_batches)
         sizes.append(size)
         per_epoch.append(batches * d.parallel_batches)

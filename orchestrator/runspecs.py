@@ -58,7 +58,7 @@ def run_plan_specs(run_plan: RunPlan, *, shared: Mapping[str, Any],
                     schedule=plan.schedule, stage_devices=stage_devices,
                     stage_times_s=tuple((1.0,) * len(s.devices) for s in plan.stages),
                     microbatches=run_plan.microbatches[p], flush_every=plan.microbatches,
-                    pipeline=p, **grouped,
+                    inflight=plan.inflight, pipeline=p, **grouped,
                     shard=None if shard_split is None else (
                         shards[p] if shards is not None else (p, len(run_plan.pipelines))),
                     shard_split=shard_split or "iid",

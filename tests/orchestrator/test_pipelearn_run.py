@@ -1,5 +1,6 @@
 """PipeLearn, SFL and FL as runs (orchestrator.pipelearn_run): one two-stage pipeline per
-device under GPipe with N micro-batches of B // N, its server stage on the server (FL: the
+device under 1F1B-sync with N micro-batches of B // N (all N in flight on the device, one on
+the server), its server stage on the server (FL: the
 whole model on the device), FedAvg groups of each side's copies every epoch; and the stage
 specs agents get (orchestrator.runspecs with per-pipeline micro-batch sizes)."""
 
@@ -21,7 +22,7 @@ SHARED = {"run": 3, "model": "mlp", "dataset": "digits", "batch_size": 10, "lr":
           "seed": 3}
 
 
-def test_pipelearn_is_two_stages_under_gpipe_with_n_microbatches_of_b_over_n() -> None:
+def test_pipelearn_is_two_stages_with_n_microbatches_of_b_over_n() -> None:
     plan = plan_method(tiny("c", "d"), "pipelearn")
     run = pipelearn_run_plan(plan, batches=2, epochs=3)
     assert run.clients == ("c", "d") and run.server == "srv"
@@ -30,7 +31,7 @@ def test_pipelearn_is_two_stages_under_gpipe_with_n_microbatches_of_b_over_n() -
         chosen = plan.device(device)
         assert [(s.layers, s.devices) for s in pipeline.stages] == [
             ((0, chosen.split - 1), (device,)), ((chosen.split, 1), ("srv",))]
-        assert pipeline.schedule == "gpipe"
+        assert pipeline.schedule == "1f1b-sync" and pipeline.inflight == (10, 1)
         assert pipeline.microbatches == chosen.parallel_batches == 10
         assert run.microbatch_sizes[j] == 1  # B = 10 in 10 micro-batches
         # 2 iterations of 10 micro-batches an epoch, 3 epochs
@@ -68,6 +69,23 @@ def test_the_stage_specs_carry_each_pipelines_microbatch_size_and_shard() -> Non
         assert StageSpec.from_json(s.to_json()) == s
     with pytest.raises(ValueError, match=r"^batch_sizes: needs one per pipeline"):
         run_plan_specs(run.run_plan, shared=SHARED, batch_sizes=[1])
+
+
+def test_the_device_forwards_all_then_the_server_takes_each_as_it_arrives() -> None:
+    # Table I: the device runs its N forwards, then its N backwards; the server runs each
+    # micro-batch's forward and backward as it arrives, so gradients come down while the
+    # device still forwards (under GPipe the server forwarded all N first, and on a
+    # link-bound device no gradient came down before the last activation went up)
+    run = pipelearn_run_plan(plan_method(tiny("c"), "pipelearn"), batches=2, epochs=1)
+    specs = {s.stage: s for s in run_plan_specs(run.run_plan, shared=SHARED,
+                                                batch_sizes=run.microbatch_sizes)}
+    device = [str(a) for a in specs[0].build_schedule().actions["c"]]
+    server = [str(a) for a in specs[1].build_schedule().actions["srv"]]
+    n = run.run_plan.pipelines[0].microbatches
+    assert device[:2 * n + 1] == ([f"0F{m}" for m in range(n)] + [f"0B{m}" for m in range(n)]
+                                  + [f"0U{n - 1}"])
+    assert server[:2 * n + 1] == ([a for m in range(n) for a in (f"1F{m}", f"1B{m}")]
+                                  + [f"1U{n - 1}"])
 
 
 def test_bad_counts_are_refused_naming_the_field() -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from orchestrator.errors import FormatError
 from orchestrator.events import TimelineEvent, idle_breakdown
+from orchestrator.pipelearn_run import SCHEDULE
 from orchestrator.pipelearn_timeline import timeline as planned_epoch
 from webapp.runs.models import MetricPoint, Plan, Run
 from webapp.runs.models import TimelineEvent as TimelineRow
@@ -93,7 +94,7 @@ def pipelearn_summary(*, run: Run) -> dict[str, Any]:
     busy = {}
     for device in sorted({e.device for e in timeline}):
         idle = idle_breakdown([e for e in timeline if e.device == device],
-                              window=(0.0, makespan), schedule="gpipe")
+                              window=(0.0, makespan), schedule=SCHEDULE)
         busy[device] = idle.to_json()
     rounds = split_rounds(run=run)
     losses = list(MetricPoint.objects.filter(run=run, kind=MetricPoint.Kind.LOSS)

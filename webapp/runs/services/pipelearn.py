@@ -18,6 +18,7 @@ from orchestrator.errors import FormatError, PlanningError
 from orchestrator.formats import DeviceSet
 from orchestrator.pipelearn_plan import METHODS, MethodPlan, make_setting, plan_method
 from orchestrator.pipelearn_run import (
+    SCHEDULE,
     common_split,
     pipelearn_run_plan,
     predicted_iteration_s,
@@ -85,7 +86,7 @@ def pipelearn_run_create(*, name: str, model_spec: ModelSpec, server: Device,
         name=name, kind="pipelearn", model_spec=model_spec,
         pipelearn={"server": server.uid, "clients": [d.uid for d in clients],
                    "batch_size": batch, "shard_split": shard_split, "overrides": chosen},
-        algorithms=check_methods(algorithms), schedule="gpipe", microbatches=1,
+        algorithms=check_methods(algorithms), schedule=SCHEDULE, microbatches=1,
         batches=batches, epochs=epochs, lr=float(lr), momentum=float(momentum),
         vertical_sync=False, aggregate_every=0, chain_every=0, global_every=0,
         repartition_every=0, created_by=created_by)
