@@ -63,6 +63,25 @@ def test_healthy_answers_change_nothing_and_a_stale_suspect_is_ignored(
     assert not FaultEvent.objects.filter(run=run, kind="device_lost").exists()
 
 
+def test_a_device_whose_stages_all_ended_is_not_taken_for_lost(verdicts: list[int]) -> None:
+    # a split run's helper of a client counted out holds no stage any more: it answered a
+    # probe without one, was taken for restarted and lost, and the run stayed recovering
+    run = running_run()
+    first, middle, last = staged(run)
+    RunDevice.objects.filter(run=run, device=middle).update(
+        stage_state=RunDevice.StageState.DONE)
+    recovery.run_suspect(run=run, device=first, generation=0)
+    assert sorted(Probe.objects.get(run=run).asked) == sorted([first.uid, last.uid])
+    recovery.run_probe_answered(run=run, device=first, holds=True)
+    recovery.run_probe_answered(run=run, device=last, holds=False)  # its stage ends meanwhile
+    RunDevice.objects.filter(run=run, device=last).update(
+        stage_state=RunDevice.StageState.DONE)
+    assert recovery.probe_verdict(run.pk) == []
+    run.refresh_from_db()
+    assert run.state == Run.State.RUNNING
+    assert not FaultEvent.objects.filter(run=run, kind="device_lost").exists()
+
+
 def test_the_probe_is_shared_by_web_processes_and_judged_by_a_celery_task(
         settings) -> None:  # type: ignore[no-untyped-def]
     # the probe lived in one web process's memory with a threading.Timer: with two web

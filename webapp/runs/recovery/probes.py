@@ -14,6 +14,7 @@ from webapp.devices.models import Device
 from webapp.runs.models import (
     Probe,
     Run,
+    RunDevice,
 )
 from webapp.runs.recovery.replan import run_device_lost
 from webapp.runs.services.control import (
@@ -31,7 +32,11 @@ def run_suspect(*, run: Run, device: Device, generation: Any) -> None:
     Celery task with that countdown."""
     if run.state != RunState.RUNNING or generation != run.generation:
         return
-    staged = [rd.device.uid for rd in staged_devices(run)]
+    # a device whose every stage has ended (a split run's helper of a client counted out
+    # holds no stage any more) answers without one: it was taken for restarted and lost,
+    # and the recovery that followed never ended
+    staged = [rd.device.uid for rd in staged_devices(run)
+              if rd.stage_state != RunDevice.StageState.DONE]
     with transaction.atomic():
         _, created = Probe.objects.get_or_create(
             run=run, defaults={"generation": run.generation, "asked": staged, "answers": {}})
@@ -55,14 +60,18 @@ def run_probe_answered(*, run: Run, device: Device, holds: Any) -> None:
 
 def probe_verdict(run_id: int) -> list[str]:
     """The probe's countdown ran out: every device asked that did not answer holding its stage
-    is lost. Returns their uids (none when the probe is gone: already judged)."""
+    is lost, unless its stages have all ended meanwhile. Returns their uids (none when the
+    probe is gone: already judged)."""
     with transaction.atomic():
         probe = Probe.objects.select_for_update().filter(run_id=run_id).first()
         if probe is None:
             return []
         asked, answers = list(probe.asked), dict(probe.answers)
         probe.delete()
-    lost = [uid for uid in asked if not answers.get(uid)]
+    ended = set(RunDevice.objects.filter(run_id=run_id, device__uid__in=asked,
+                                         stage_state=RunDevice.StageState.DONE)
+                .values_list("device__uid", flat=True))  # its stages ended since it was asked
+    lost = [uid for uid in asked if not answers.get(uid) and uid not in ended]
     for uid in lost:
         device = Device.objects.get(uid=uid)
         reason = ("it restarted: its stage is gone" if uid in answers
