@@ -12,18 +12,22 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import transaction
 from django.http import QueryDict
 from rest_framework.fields import empty
 
 from orchestrator.pipelearn_plan import METHODS
 from orchestrator.protocol.stagespec import SHARD_SPLITS
 from webapp.common.errors import flatten_errors
-from webapp.common.exceptions import InvalidInput
-from webapp.dashboard.selectors import devices_without_profile, new_run_choices
-from webapp.dashboard.services import NON_FIELD, FormErrors, FormInvalid, form_field, form_number
+from webapp.dashboard.selectors import new_run_choices
+from webapp.dashboard.services import (
+    NON_FIELD,
+    FormErrors,
+    FormInvalid,
+    form_field,
+    form_number,
+    form_run_create_and_plan,
+)
 from webapp.devices.selectors import model_num_layers
-from webapp.runs import services as run_services
 from webapp.runs.models import LR_MAX, Run
 from webapp.runs.pipelearn_apis import PipelearnRunCreateApi
 from webapp.runs.services.pipelearn import MAX_BATCH, pipelearn_run_create
@@ -147,22 +151,10 @@ def pipelearn_run_create_and_plan(*, form: QueryDict, created_by: AbstractBaseUs
     model: each method is planned from their measured layer times."""
     typed = device_overrides(form)
     data = _validated(pipelearn_form_data(form), typed)
-    devices = list(dict.fromkeys([data["server"], *data["clients"]]))
-    missing = [devices[k] for k in devices_without_profile(model_spec=data["model_spec"],
-                                                           devices=devices)]
-    if missing:
-        it, has = ("it", "has") if len(missing) == 1 else ("them", "have")
-        raise FormInvalid({"devices": [
-            f"{', '.join(d.name for d in missing)} {has} not profiled {data['model_spec']}: "
-            f"have {it} profile the model first, or leave {it} out of the run"]})
-    try:
-        with transaction.atomic():
-            run = pipelearn_run_create(**data, created_by=created_by)
-            run_services.run_plan(run=run)
-    except InvalidInput as exc:
-        raise FormInvalid(pipelearn_form_errors((e.to_json() for e in exc.errors),
-                                                rows=list(typed))) from None
-    return run
+    return form_run_create_and_plan(
+        model_spec=data["model_spec"], devices=[data["server"], *data["clients"]],
+        errors=lambda errors: pipelearn_form_errors(errors, rows=list(typed)),
+        create=lambda: pipelearn_run_create(**data, created_by=created_by))
 
 
 def pipelearn_form_context(*, form: QueryDict | None, errors: FormErrors) -> dict[str, Any]:

@@ -6,6 +6,7 @@ form field each error belongs next to."""
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -18,7 +19,7 @@ from webapp.common.exceptions import InvalidInput
 from webapp.dashboard.selectors import devices_without_profile
 from webapp.devices import services as device_services
 from webapp.devices.apis import DeviceDetailApi, TokenListCreateApi
-from webapp.devices.models import Device
+from webapp.devices.models import Device, ModelSpec
 from webapp.runs import services as run_services
 from webapp.runs.apis import RunListCreateApi
 from webapp.runs.models import Run
@@ -97,24 +98,37 @@ def run_form_data(form: QueryDict) -> dict[str, Any]:
     return data
 
 
+def form_run_create_and_plan(*, model_spec: ModelSpec, devices: Sequence[Device],
+                             create: Callable[[], Run],
+                             errors: Callable[[list[dict[str, str]]], FormErrors]) -> Run:
+    """What every run form does once its input is valid: refuse (FormInvalid under
+    "devices") when some of ``devices`` have not profiled ``model_spec`` (planning needs their
+    layer times), else ``create`` the run and queue its planning in one transaction; a
+    service's refusal becomes FormInvalid through ``errors`` (the form's field names)."""
+    chosen = list(dict.fromkeys(devices))
+    missing = [chosen[k] for k in devices_without_profile(model_spec=model_spec,
+                                                          devices=chosen)]
+    if missing:
+        it, has = ("it", "has") if len(missing) == 1 else ("them", "have")
+        raise FormInvalid({"devices": [
+            f"{', '.join(d.name for d in missing)} {has} not profiled {model_spec}: "
+            f"have {it} profile the model first, or leave {it} out of the run"]})
+    try:
+        with transaction.atomic():
+            run = create()
+            run_services.run_plan(run=run)
+    except InvalidInput as exc:
+        raise FormInvalid(errors([e.to_json() for e in exc.errors])) from None
+    return run
+
+
 def run_create_and_plan(*, form: QueryDict, created_by: AbstractBaseUser) -> Run:
     """Create a run from the new-run form and queue its planning, or FormInvalid naming each
     bad field. Every device must have profiled the model (planning needs its layer times)."""
     data = _validated(RunListCreateApi.RunCreateInput, run_form_data(form))
-    missing = devices_without_profile(model_spec=data["model_spec"], devices=data["devices"])
-    if missing:
-        names = ", ".join(data["devices"][k].name for k in missing)
-        raise FormInvalid({"devices": [
-            f"{names} {'has' if len(missing) == 1 else 'have'} not profiled "
-            f"{data['model_spec']}: ask {'it' if len(missing) == 1 else 'them'} to profile the "
-            "model first, or leave them out"]})
-    try:
-        with transaction.atomic():
-            run = run_services.run_create(**data, created_by=created_by)
-            run_services.run_plan(run=run)
-    except InvalidInput as exc:
-        raise FormInvalid(form_errors([e.to_json() for e in exc.errors])) from None
-    return run
+    return form_run_create_and_plan(
+        model_spec=data["model_spec"], devices=data["devices"], errors=form_errors,
+        create=lambda: run_services.run_create(**data, created_by=created_by))
 
 
 def device_rename_from_form(*, device: Device, form: QueryDict) -> Device:

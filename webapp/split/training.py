@@ -11,7 +11,6 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import transaction
 from django.http import QueryDict
 from rest_framework.fields import empty
 
@@ -19,17 +18,16 @@ from orchestrator.protocol.stagespec import SHARD_SPLITS
 from orchestrator.sl.settings import MAX_TIME_LIMIT_S
 from orchestrator.sl.solve import METHODS
 from webapp.common.errors import flatten_errors
-from webapp.common.exceptions import InvalidInput
-from webapp.dashboard.selectors import devices_without_profile, new_run_choices
+from webapp.dashboard.selectors import new_run_choices
 from webapp.dashboard.services import (
     NON_FIELD,
     FormErrors,
     FormInvalid,
     form_field,
     form_number,
+    form_run_create_and_plan,
 )
 from webapp.devices.selectors import model_num_layers
-from webapp.runs import services as run_services
 from webapp.runs.models import LR_MAX, Run
 from webapp.runs.services.split import split_run_create
 from webapp.runs.split_apis import SplitRunCreateApi
@@ -118,21 +116,10 @@ def split_run_create_and_plan(*, form: QueryDict, created_by: AbstractBaseUser) 
     FormInvalid naming each bad field. Every device must have profiled the model: a method's
     study is built from the devices' measured layer times."""
     data = _validated(split_train_form_data(form))
-    devices = list(dict.fromkeys([*data["clients"], *data["helpers"]]))
-    missing = [devices[k] for k in devices_without_profile(model_spec=data["model_spec"],
-                                                           devices=devices)]
-    if missing:
-        it, has = ("it", "has") if len(missing) == 1 else ("them", "have")
-        raise FormInvalid({"devices": [
-            f"{', '.join(d.name for d in missing)} {has} not profiled {data['model_spec']}: "
-            f"have {it} profile the model first, or leave {it} out of the run"]})
-    try:
-        with transaction.atomic():
-            run = split_run_create(**data, created_by=created_by)
-            run_services.run_plan(run=run)
-    except InvalidInput as exc:
-        raise FormInvalid(train_form_errors(e.to_json() for e in exc.errors)) from None
-    return run
+    return form_run_create_and_plan(
+        model_spec=data["model_spec"], devices=[*data["clients"], *data["helpers"]],
+        errors=train_form_errors,
+        create=lambda: split_run_create(**data, created_by=created_by))
 
 
 def _chosen_methods(form: QueryDict | None, preset: QueryDict) -> list[str]:

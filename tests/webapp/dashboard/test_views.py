@@ -330,8 +330,8 @@ def test_a_device_without_a_profile_is_named_next_to_the_devices(browser: Client
     newcomer = DeviceFactory(name="new pi")
     answer = browser.post("/runs/new/", run_form(spec, [*devices, newcomer]))
     assert field_errors(answer.content.decode(), "devices") == [
-        "new pi has not profiled mlp on digits, batch 32: ask it to profile the model first, "
-        "or leave them out"]
+        "new pi has not profiled mlp on digits, batch 32: have it profile the model first, "
+        "or leave it out of the run"]
     assert not Run.objects.exists()
 
 
