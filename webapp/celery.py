@@ -4,13 +4,25 @@
 import os
 
 from celery import Celery
-from celery.signals import worker_ready
+from celery.signals import worker_init, worker_ready
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings.local")
 
 app = Celery("webapp")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@worker_init.connect
+def _commands_through_outbox(**kwargs: object) -> None:
+    """On the embedded setup this worker's channel layer is its own: its commands to agents
+    go through the database (webapp.devices.commands), its pool's processes forked after."""
+    from django.conf import settings
+
+    if settings.COMMANDS_OUTBOX:
+        from webapp.devices.commands import commands_through_outbox
+
+        commands_through_outbox()
 
 
 @worker_ready.connect

@@ -201,3 +201,21 @@ class Supervision(models.Model):
 
     def __str__(self) -> str:
         return f"{self.device} supervised by {self.supervisor}"
+
+
+class PendingCommand(models.Model):
+    """A command to an agent sent from a process whose channel layer does not reach the
+    agents' connections (a Celery worker on the embedded setup, whose in-memory layer is its
+    own): the web process holding the device's connection sends it on
+    (webapp.devices.commands). Deleted once sent, or once too old to send (as a command to a
+    group nobody is in is dropped)."""
+
+    device = models.CharField(max_length=64, db_index=True, help_text="the device's uid")
+    command = models.JSONField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ("id",)
+
+    def __str__(self) -> str:
+        return f"{self.command.get('command', '?')} for {self.device}"

@@ -25,6 +25,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 from channels.consumer import get_handler_name
 from channels.db import DatabaseSyncToAsync, database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
 from django.core.cache import caches
 from django.db import connection
 
@@ -39,7 +40,7 @@ from orchestrator.protocol import (
 )
 from orchestrator.protocol.fields import read_json_text
 from webapp.common.exceptions import ApplicationError
-from webapp.devices.commands import device_group
+from webapp.devices.commands import device_group, pending_commands_take
 from webapp.devices.selectors import device_by_credentials
 from webapp.gateway import services
 
@@ -97,6 +98,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
     events_inbox: list[Any]  # events batches received, waiting to be stored
     events_task: asyncio.Future[None] | None = None  # storing them (_store_events)
     heartbeat_written: tuple[str, float] | None = None  # the last heartbeat written, and when
+    outbox_task: asyncio.Future[None] | None = None  # sending other processes' commands
 
     async def connect(self) -> None:
         credentials = _credentials(self.scope)
@@ -118,10 +120,14 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         await self.accept()
         await gateway_database(services.agent_connected)(device_id=self.device_id,
                                                           channel=self.channel_name)
+        if settings.COMMANDS_OUTBOX:
+            self.outbox_task = asyncio.ensure_future(self._send_pending_commands())
 
     async def disconnect(self, code: int) -> None:
         if getattr(self, "device_id", None) is None:
             return
+        if self.outbox_task is not None:
+            self.outbox_task.cancel()
         await self._events_handled()  # what it sent before closing, first
         await self.channel_layer.group_discard(device_group(self.uid), self.channel_name)
         await gateway_database(services.agent_disconnected)(device_id=self.device_id,
@@ -230,6 +236,17 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             return Heartbeat.from_json(content)
         except ProtocolError:
             return None
+
+    async def _send_pending_commands(self) -> None:
+        """Send on the commands another process stored for this device (the embedded setup's
+        worker: webapp.devices.commands), looking every COMMANDS_OUTBOX_POLL_S."""
+        while True:
+            await asyncio.sleep(settings.COMMANDS_OUTBOX_POLL_S)
+            try:
+                for command in await gateway_database(pending_commands_take)(uid=self.uid):
+                    await self.send_json(command)
+            except Exception:  # the next look tries again; the connection's end cancels it
+                log.exception("sending stored commands to device %s failed", self.uid)
 
     async def agent_command(self, message: dict[str, Any]) -> None:
         await self.send_json(message["command"])

@@ -191,6 +191,10 @@ else:
     # One process only: events sent from a Celery worker do not reach the web process's
     # consumers, which answer a {"type": "snapshot"} request with the current state instead.
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+# The same for commands to agents: the worker stores them, and the web process's connection of
+# each device sends them on, looking this often (webapp.devices.commands).
+COMMANDS_OUTBOX = not REDIS_URL
+COMMANDS_OUTBOX_POLL_S = env.float("COMMANDS_OUTBOX_POLL_S", default=0.5)
 
 # The cache (failed logins) is shared by the web processes: Redis, or files under var/ (not
 # process memory: it outlives a restart, and the worker sees it).

@@ -10,6 +10,7 @@ ALLOWED_HOSTS = ["*"]
 DATABASES = {"default": env.db_url_config("sqlite://:memory:")}
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+COMMANDS_OUTBOX = False  # one process: tasks run eagerly in it (test_outbox.py turns it on)
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 CELERY_BROKER_URL = "memory://"
 CELERY_RESULT_BACKEND = "cache+memory://"
