@@ -12,6 +12,7 @@ from tests.webapp.runs.test_dynamic_repartition import running_run
 from webapp.devices.models import Device
 from webapp.runs import recovery, services, tasks
 from webapp.runs.models import FaultEvent, Generation, Probe, Run, RunDevice, WeightReplica
+from webapp.runs.recovery.replan import candidates
 
 pytestmark = pytest.mark.django_db(transaction=True)  # planning runs on commit
 
@@ -80,6 +81,18 @@ def test_a_device_whose_stages_all_ended_is_not_taken_for_lost(verdicts: list[in
     run.refresh_from_db()
     assert run.state == Run.State.RUNNING
     assert not FaultEvent.objects.filter(run=run, kind="device_lost").exists()
+
+
+def test_a_device_lost_earlier_is_no_candidate_until_it_comes_back() -> None:
+    # lost to a probe (frozen, its connection still open), a device stayed "online": the next
+    # dynamic re-partition planned on it and waited for its halt until the connection dropped
+    run = running_run()
+    first, middle, last = staged(run)
+    RunDevice.objects.filter(run=run, device=middle).update(stage_state="lost", stage=None)
+    assert Device.objects.get(pk=middle.pk).status in ("online", "busy")
+    assert [rd.device for rd in candidates(run)] == [first, last]
+    recovery.run_device_back(device=middle)  # it connected again
+    assert [rd.device for rd in candidates(run)] == [first, middle, last]
 
 
 def test_the_probe_is_shared_by_web_processes_and_judged_by_a_celery_task(

@@ -180,14 +180,17 @@ def run_device_back(*, device: Device) -> None:
             control_event(run, "device_joined", device=device.uid)
 
 def candidates(run: Run) -> list[RunDevice]:
-    """The run's devices a new generation may use: connected, and not lost in this recovery
-    (a device that came back after an earlier loss rejoins here)."""
+    """The run's devices a new generation may use: connected, not lost in this recovery, and
+    not lost earlier unless it came back since (run_device_back: it rejoins here). A device
+    lost to a probe (frozen, its connection still open) is still "online" until its
+    heartbeats are missed: the next dynamic re-partition planned on it, and waited for its
+    halt until the connection dropped."""
     ongoing = Recovery.from_json(run.recovery)
     lost = set(() if ongoing is None else ongoing.lost)
     return [rd for rd in RunDevice.objects.filter(run=run).select_related("device")
             .order_by("position")
-            if rd.device.uid not in lost and rd.device.status in ACTIVE_DEVICE
-            and rd.device.data_address]
+            if rd.device.uid not in lost and rd.stage_state != S.LOST
+            and rd.device.status in ACTIVE_DEVICE and rd.device.data_address]
 
 @transaction.atomic
 def run_stage_halted(*, run: Run, device: Device, generation: Any, holdings: Any) -> Run:
