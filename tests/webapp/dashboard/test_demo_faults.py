@@ -142,6 +142,13 @@ def test_the_kill_comes_at_its_time_on_the_runs_clock_and_is_expected(group: Pro
      "--pause-at SECONDS and --pause-at-batch N: give one of them, not both"),
     (["--pause-at", "3", "--pause-for", "later"],
      "--pause-for: must be a number of seconds, got 'later'"),
+    # a model or data set no agent has: an agent refuses to profile it, and the demo waited
+    # 300 s for the profile
+    (["--model", "gpt"], "argument --model: invalid choice: 'gpt' (choose from 'mlp', "),
+    (["--split", "--dataset", "imagenet"],
+     "argument --dataset: no agent has the data set 'imagenet': choose digits, "
+     "synthetic-cifar or npz:PATH"),
+    (["--dataset", "npz:"], "argument --dataset: no agent has the data set 'npz:'"),
 ])
 def test_the_demo_refuses_bad_kill_flags_before_starting_anything(args, says):
     sigterm = signal.getsignal(signal.SIGTERM)  # the command installs its own

@@ -12,6 +12,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from agent.data import DATASETS
+from agent.zoo import MODELS
 from orchestrator.formats import SCHEDULES
 from orchestrator.pipelearn_plan import METHODS as PIPELEARN_METHODS
 from orchestrator.protocol.stagespec import SHARD_SPLITS
@@ -38,6 +40,14 @@ NOT_PIPELEARN = {**PIPELINE_ONLY, **{d: o for d, o in SPLIT_ONLY.items() if d !=
                  "algorithms": "--algorithms", "plan": "--plan"}
 
 
+def dataset_option(value: str) -> str:
+    """--dataset: a data set every agent ships, or npz:PATH (a file of their --data-dir)."""
+    if value in DATASETS or (value.startswith("npz:") and len(value) > len("npz:")):
+        return value
+    raise argparse.ArgumentTypeError(
+        f"no agent has the data set {value!r}: choose {', '.join(DATASETS)} or npz:PATH")
+
+
 class Command(BaseCommand):
     help = ("Start the web server, a planning worker and local agents emulating a "
             "heterogeneous testbed, plan a run with several planners and train it "
@@ -49,10 +59,12 @@ class Command(BaseCommand):
         self.parser = parser  # its defaults tell which options were changed
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
-        parser.add_argument("--model", default=None,
+        # the agents' own lists: an agent refuses to profile another, and the demo waited
+        # 300 s for the profile
+        parser.add_argument("--model", default=None, choices=MODELS,
                             help="zoo model (default vgg5; --split, --pipelearn: mlp)")
-        parser.add_argument("--dataset", default=None,
-                            help="digits, synthetic-cifar or npz:PATH (default synthetic-cifar; "
+        parser.add_argument("--dataset", default=None, type=dataset_option,
+                            help=f"{', '.join(DATASETS)} or npz:PATH (default synthetic-cifar; "
                                  "--split, --pipelearn: digits)")
         parser.add_argument("--batch-size", type=int, default=32)
         parser.add_argument("--microbatches", type=int, default=8,
