@@ -252,6 +252,7 @@ class StageExecutor(Sharing):
         self.grads: dict[int, list[torch.Tensor]] = {}
         self.accumulated: list[torch.Tensor] | None = None
         self.accumulated_count = 0
+        self.group_done = {}
         self.latest_header_version = self.version
         self.aggregation = None if not spec.aggregate_every else Aggregation(
             self.params, version=self.version, every=spec.aggregate_every,

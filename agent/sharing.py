@@ -59,6 +59,7 @@ class Host(Protocol):
     accumulated_count: int
     excluded: frozenset[int]
     round_uploader: bool
+    group_done: dict[str, tuple[int, torch.Tensor]]
     @property
     def store(self) -> WeightStore | None: ...
     @property
@@ -80,9 +81,10 @@ class Host(Protocol):
     def _group_name(self, tag: str, pipeline: int, stage: int, step: str) -> str: ...
     def _group_all_reduce(self, flat: torch.Tensor, *, what: str, index: int
                           ) -> tuple[torch.Tensor, int]: ...
-    def _group_channel(self, tag: str, index: int, excluded: frozenset[int]
-                       ) -> tuple[Callable[[str, str, torch.Tensor], None],
-                                  Callable[[str], torch.Tensor]]: ...
+    def _group_channel(self, tag: str, index: int, excluded: frozenset[int],
+                       done_name: str) -> tuple[Callable[[str, str, torch.Tensor], None],
+                                                Callable[[str], torch.Tensor]]: ...
+    def _send_group_done(self, what: str, index: int, total: torch.Tensor) -> None: ...
 
 
 class SharingError(RuntimeError):
@@ -98,6 +100,9 @@ class Sharing:
     accumulated_count: int
     excluded: frozenset[int] = frozenset()  # pipelines the run went on without
     round_uploader: bool = False  # sends each round's average to the server without a store
+    # by what ("avg", "bar"): the index and result of the last group all-reduce this member
+    # finished, which it sends the members left when the group changes (see exclude)
+    group_done: dict[str, tuple[int, torch.Tensor]]
 
     def all_reduce(self: Host, action: Action) -> None:
         """Share gradients with the stage's other replicas (agent.gradsync)."""
@@ -183,6 +188,12 @@ class Sharing:
         self.excluded = self.excluded | frozenset(pipelines)
         if uploader is not None:
             self.round_uploader = self.spec.pipeline == uploader
+        # a member lost after sending this one its last chunks of an all-reduce, but not
+        # the others theirs: this one went on, the others started again without it, and
+        # waited for this one until their receive timed out (the run failed). The result
+        # this one finished with lets them finish that all-reduce alike.
+        for what, (index, total) in list(self.group_done.items()):
+            self._send_group_done(what, index, total)
 
     def _group_all_reduce(self: Host, flat: torch.Tensor, *, what: str, index: int
                           ) -> tuple[torch.Tensor, int]:
@@ -191,6 +202,7 @@ class Sharing:
         messages are named by ``what``, the members excluded and ``index``."""
         spec = self.spec
         me = f"{spec.device}/{spec.pipeline}/{spec.stage}"
+        done_name = self._group_name(f"done-{what}", spec.pipeline, spec.stage, "r")
         while True:
             excluded = self.excluded
             names = [f"{device}/{pipeline}/{stage}" for device, pipeline, stage in spec.group
@@ -198,20 +210,46 @@ class Sharing:
             if len(names) < 2:
                 return flat.clone(), 0
             tag = what + ("x" + ".".join(map(str, sorted(excluded))) if excluded else "")
-            send, receive = self._group_channel(tag, index, excluded)
+            send, receive = self._group_channel(tag, index, excluded, done_name)
             try:
-                return ring_all_reduce(
+                total, sent = ring_all_reduce(
                     flat if what == "avg" else torch.zeros(len(names)), group=names, me=me,
                     send=send, receive=receive)
             except GroupChanged:
+                if self.plane.holds(spec.run, "grads", index, name=done_name):
+                    # another member finished it before the group changed: finish alike
+                    done = self._receive("grads", index, name=done_name).tensor
+                    self.group_done[what] = (index, done)
+                    return done, 0
                 continue
+            self.group_done[what] = (index, total)
+            if self.excluded != excluded:  # the group changed as this one finished it
+                self._send_group_done(what, index, total)
+            return total, sent
 
-    def _group_channel(self: Host, tag: str, index: int, excluded: frozenset[int]
-                       ) -> tuple[Callable[[str, str, torch.Tensor], None],
-                                  Callable[[str], torch.Tensor]]:
-        """One all-reduce attempt's send and receive (its receive gives up, GroupChanged,
-        once more pipelines than ``excluded`` are)."""
+    def _send_group_done(self: Host, what: str, index: int, total: torch.Tensor) -> None:
+        """Send the members left the result this one finished all-reduce ``index`` with."""
         spec = self.spec
+        for device, pipeline, stage in spec.group:
+            if pipeline in self.excluded or (pipeline, stage) == (spec.pipeline, spec.stage):
+                continue
+            header, frames = encode_message(
+                run=spec.run, kind="grads", microbatch=index, version=self.version,
+                tensor=total, name=self._group_name(f"done-{what}", pipeline, stage, "r"),
+                sent_at=self.clock.absolute())
+            self.plane.send(device, frames, header=header)
+
+    def _group_channel(self: Host, tag: str, index: int, excluded: frozenset[int],
+                       done_name: str) -> tuple[Callable[[str, str, torch.Tensor], None],
+                                                Callable[[str], torch.Tensor]]:
+        """One all-reduce attempt's send and receive (its receive gives up, GroupChanged,
+        once more pipelines than ``excluded`` are, or another member's result of it,
+        ``done_name``, arrived)."""
+        spec = self.spec
+
+        def changed() -> bool:
+            return self.excluded != excluded or self.plane.holds(spec.run, "grads", index,
+                                                                 name=done_name)
 
         def send(peer: str, step: str, chunk: torch.Tensor) -> None:
             self._send_group(peer, tag, index, step, chunk)
@@ -219,7 +257,7 @@ class Sharing:
         def receive(step: str) -> torch.Tensor:
             return self._receive("grads", index,
                                  name=self._group_name(tag, spec.pipeline, spec.stage, step),
-                                 changed=lambda: self.excluded != excluded).tensor
+                                 changed=changed).tensor
 
         return send, receive
 

@@ -471,6 +471,11 @@ class DataPlane:
             self._inbox_bytes -= message.nbytes
             return message
 
+    def holds(self, run: int, kind: str, microbatch: int, *, name: str | None = None) -> bool:
+        """Has the message ``(run, kind, microbatch, name)`` arrived (and not been taken)?"""
+        with self._inbox_changed:
+            return (run, kind, microbatch, name) in self._inbox
+
     def discard(self, run: int) -> int:
         """Drop every received message of ``run`` (a halted generation's in-flight batches);
         returns how many."""

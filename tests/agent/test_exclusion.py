@@ -109,3 +109,42 @@ def test_a_receive_waiting_on_a_changed_group_gives_up_at_once() -> None:
     finally:
         planes["x"].close()
     assert time.monotonic() - began < 5
+
+
+def test_members_left_finish_an_all_reduce_another_finished_before_the_loss() -> None:
+    # b was lost after sending a its last chunk of round 0's average but not c its own: a
+    # went on, c started again without b and waited for a, which was past it, until its
+    # receive timed out and the run failed (test_split_faults, twice in a row). a now sends
+    # the members left the result it finished with, and c finishes alike.
+    planes = connected_planes(["a", "c"])
+    group = (("a", 0, 0), ("b", 1, 0), ("c", 2, 0))
+    executors = {}
+    for device, pipeline in (("a", 0), ("c", 2)):
+        spec = StageSpec(
+            run=1, device=device, stage=0, layers=(0, 3), model="mlp", dataset="digits",
+            batch_size=16, schedule="gpipe", stage_devices=((device,),),
+            stage_times_s=((1.0,),), microbatches=8, flush_every=2, lr=0.05, seed=0,
+            receive_timeout_s=20, pipeline=pipeline, round_every=4, group=group,
+            group_weight=1.0)
+        executors[device] = StageExecutor(spec, module=build_model(
+            "mlp", input_shape=DIGITS.input_shape, num_classes=10, seed=0).full(),
+            plane=planes[device], clock=Clock(started_at=time.time()), dataset=DIGITS,
+            on_event=lambda e: None)
+    finished = torch.arange(5, dtype=torch.float32)  # a's round 0, with b's weights in it
+    executors["a"].group_done["avg"] = (0, finished)
+    results: list[torch.Tensor] = []
+    waiting = threading.Thread(target=lambda: results.append(
+        executors["c"]._group_all_reduce(torch.ones(5), what="avg", index=0)[0]), daemon=True)
+    began = time.monotonic()
+    try:
+        waiting.start()
+        time.sleep(0.3)  # c waits for b's chunk
+        for executor in executors.values():
+            executor.exclude({1}, uploader=0)
+        waiting.join(timeout=15)
+    finally:
+        for plane in planes.values():
+            plane.close()
+    assert results and torch.equal(results[0], finished)
+    assert time.monotonic() - began < 10
+    assert executors["c"].group_done["avg"][0] == 0
