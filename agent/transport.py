@@ -13,9 +13,10 @@ receiver goes on.
 Emulation for heterogeneous testbeds on one machine: ``bandwidth_bps`` and ``latency_s``
 shape what this agent sends, on a sender thread that holds each message back: a message holds
 the single outgoing line for bytes / bandwidth, one after the other, and arrives ``latency_s``
-after it left the line (a propagation delay, as on a real network and in the simulator and
-time models: back-to-back messages are in flight together, not each holding the line for the
-latency).
+after it left the line (a propagation delay, as on a real network and in the PipeLearn and
+split-learning time models: back-to-back messages are in flight together, not each holding
+the line for the latency; the chain simulator charges the latency as link time, FTPipeHD's
+term, docs/architecture.md).
 
 Links are measured over the data plane itself: :meth:`DataPlane.measure_link` sends ``probe``
 pings (named ``ping:<sender>``) that the peer's receiver answers at once with a one-byte
