@@ -12,6 +12,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
 from webapp.runs import recovery, services
+from webapp.runs.recovery.replan import recoveries_fail_stalled
 from webapp.runs.services import split_rounds
 
 
@@ -31,8 +32,10 @@ def plans_watch() -> list[int]:
 
 @shared_task
 def runs_fail_stalled() -> list[int]:
-    """Beat: runs whose deployment got no answer in time fail, naming the silent devices."""
-    return services.runs_fail_stalled(older_than_s=settings.DEPLOY_TIMEOUT_S)
+    """Beat: runs whose deployment, or whose recovery's halts, got no answer in time fail,
+    naming the silent devices."""
+    return [*services.runs_fail_stalled(older_than_s=settings.DEPLOY_TIMEOUT_S),
+            *recoveries_fail_stalled(older_than_s=settings.HALT_TIMEOUT_S)]
 
 
 @shared_task(autoretry_for=(OperationalError, InterfaceError), retry_backoff=True,

@@ -268,6 +268,9 @@ DEVICE_OFFLINE_AFTER_S = env.int("DEVICE_OFFLINE_AFTER_S", default=60)
 LIVE_IDLE_INTERVAL_S = env.float("LIVE_IDLE_INTERVAL_S", default=2.0)
 # Seconds a run may stay starting before the devices that did not answer fail it.
 DEPLOY_TIMEOUT_S = env.int("DEPLOY_TIMEOUT_S", default=90)
+# Seconds after a loss a recovery may wait for a survivor's halt before the run fails, naming
+# it (an agent waits up to 30 s for each of its stages to stop).
+HALT_TIMEOUT_S = env.int("HALT_TIMEOUT_S", default=180)
 # A worker computing a plan marks it alive this often; one silent for PLAN_WORKER_SILENT_S has
 # stopped: beat queues its plan again, and the run page says so.
 PLAN_HEARTBEAT_S = env.float("PLAN_HEARTBEAT_S", default=5.0)

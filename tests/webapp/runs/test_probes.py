@@ -95,6 +95,29 @@ def test_a_device_lost_earlier_is_no_candidate_until_it_comes_back() -> None:
     assert [rd.device for rd in candidates(run)] == [first, middle, last]
 
 
+def test_a_recovery_whose_halts_never_come_fails_naming_the_silent_devices(
+        verdicts: list[int], settings) -> None:  # type: ignore[no-untyped-def]
+    # its survivors never acknowledged the halt (a frozen agent, or, on the embedded setup,
+    # halts sent from the worker that never reached them): the run stayed recovering
+    run = running_run()
+    first, middle, last = staged(run)
+    recovery.run_suspect(run=run, device=first, generation=0)
+    recovery.run_probe_answered(run=run, device=first, holds=True)
+    recovery.run_probe_answered(run=run, device=last, holds=True)
+    assert recovery.probe_verdict(run.pk) == [middle.uid]
+    recovery.run_stage_halted(run=run, device=first, generation=1, holdings=[])
+    assert tasks.runs_fail_stalled.apply().get() == []  # not yet: the loss is recent
+    run.refresh_from_db()
+    Run.objects.filter(pk=run.pk).update(recovery={
+        **run.recovery, "detected_wall": run.recovery["detected_wall"]
+        - settings.HALT_TIMEOUT_S - 1})
+    assert tasks.runs_fail_stalled.apply().get() == [run.pk]
+    run.refresh_from_db()
+    assert run.state == Run.State.FAILED
+    assert run.error.startswith(f"{last.name!r} ({last.uid}) did not answer the recovery's "
+                                "halt within 180 s of the loss")
+
+
 def test_the_probe_is_shared_by_web_processes_and_judged_by_a_celery_task(
         settings) -> None:  # type: ignore[no-untyped-def]
     # the probe lived in one web process's memory with a threading.Timer: with two web

@@ -210,6 +210,30 @@ def run_stage_halted(*, run: Run, device: Device, generation: Any, holdings: Any
         return locked
     return _replan(locked)
 
+def recoveries_fail_stalled(*, older_than_s: float) -> list[int]:
+    """Fail the runs whose recovery still waits for a survivor's halt ``older_than_s`` after
+    the loss was detected, naming the devices that never answered (a frozen agent, a command
+    that never reached it): such a run stayed recovering for ever. Returns their ids."""
+    failed = []
+    cutoff = time.time() - older_than_s
+    for run_id in Run.objects.filter(state=RunState.RECOVERING).values_list("pk", flat=True):
+        with transaction.atomic():
+            run = Run.objects.select_for_update().get(pk=run_id)
+            recovery = Recovery.from_json(run.recovery)
+            if (run.state != RunState.RECOVERING or recovery is None
+                    or (recovery.detected_wall or time.time()) > cutoff):
+                continue
+            silent = [rd.device for rd in RunDevice.objects.filter(
+                run=run, stage_state=S.HALTING).select_related("device").order_by("position")]
+            if not silent:
+                continue
+            names = ", ".join(f"{d.name!r} ({d.uid})" for d in silent)
+            fail_run(run, f"{names} did not answer the recovery's halt within "
+                          f"{older_than_s:.0f} s of the loss: is its agent running?")
+            failed.append(run_id)
+    return failed
+
+
 def _replan(run: Run) -> Run:
     """With the run locked and every survivor halted: plan the next generation, choose the
     resume point and the weights' sources, and deploy it."""
