@@ -215,13 +215,14 @@ def recoveries_fail_stalled(*, older_than_s: float) -> list[int]:
     the loss was detected, naming the devices that never answered (a frozen agent, a command
     that never reached it): such a run stayed recovering for ever. Returns their ids."""
     failed = []
-    cutoff = time.time() - older_than_s
+    now = time.time()
+    cutoff = now - older_than_s
     for run_id in Run.objects.filter(state=RunState.RECOVERING).values_list("pk", flat=True):
         with transaction.atomic():
             run = Run.objects.select_for_update().get(pk=run_id)
             recovery = Recovery.from_json(run.recovery)
             if (run.state != RunState.RECOVERING or recovery is None
-                    or (recovery.detected_wall or time.time()) > cutoff):
+                    or (recovery.detected_wall or now) > cutoff):
                 continue
             silent = [rd.device for rd in RunDevice.objects.filter(
                 run=run, stage_state=S.HALTING).select_related("device").order_by("position")]
