@@ -58,11 +58,17 @@ def run_seq(run_id: int) -> int:
     return value
 
 
-def run_seq_next(run_id: int) -> int:
-    """The run's next event number (Redis: atomic across processes)."""
+def run_seq_next(run_id: int, count: int = 1) -> int:
+    """Take the run's next ``count`` event numbers; the last of them (Redis: atomic across
+    processes). One call per commit, however many events it sends: on the embedded default
+    each call rewrites a cache file (0.36 ms), and an events batch sent three."""
+    key = _seq_key(run_id)
     with _SEQ_LOCK:
-        cache.add(_seq_key(run_id), 0, timeout=None)
-        value: int = cache.incr(_seq_key(run_id))
+        try:
+            value: int = cache.incr(key, count)
+        except ValueError:  # the run's first event (or the cache lost it)
+            cache.add(key, 0, timeout=None)
+            value = cache.incr(key, count)
         return value
 
 
@@ -142,10 +148,11 @@ def snapshot_bounded(snapshot: Event, max_bytes: int) -> Event:
     return snapshot
 
 
-def _group_send(run_id: int, event: Event) -> None:
-    numbered = {**event, "seq": run_seq_next(run_id)}
-    async_to_sync(get_channel_layer().group_send)(run_group(run_id),
-                                                  {"type": "run.event", "event": numbered})
+def _group_send(run_id: int, parts: list[Event]) -> None:
+    last = run_seq_next(run_id, len(parts))
+    send = async_to_sync(get_channel_layer().group_send)
+    for number, part in enumerate(parts, start=last - len(parts) + 1):
+        send(run_group(run_id), {"type": "run.event", "event": {**part, "seq": number}})
 
 
 # the list each event that carries rows carries them in
@@ -156,8 +163,14 @@ def run_event_send(run_id: int, event: Event) -> None:
     """Send ``event`` to the run's group once the current transaction commits: as several
     events of at most DELTA_MAX_ROWS rows each when it carries more (an agent's batch may hold
     100,000 timeline events, and one message of them could not be sent to a page)."""
-    for part in event_parts(event, DELTA_MAX_ROWS):
-        transaction.on_commit(partial(_group_send, run_id, part))
+    run_events_send(run_id, [event])
+
+
+def run_events_send(run_id: int, sent: list[Event]) -> None:
+    """:func:`run_event_send` for several events of one commit, in order, numbered at once."""
+    parts = [part for event in sent for part in event_parts(event, DELTA_MAX_ROWS)]
+    if parts:
+        transaction.on_commit(partial(_group_send, run_id, parts))
 
 
 def event_parts(event: Event, max_rows: int) -> list[Event]:

@@ -181,3 +181,28 @@ def test_an_event_of_many_rows_is_sent_in_parts_that_apply_as_it_would():
     assert [r for p in parts for r in p["points"]] == rows
     run_event = {"type": "run", "run": {}}
     assert events.event_parts(run_event, 2) == [run_event]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batchs_deltas_take_their_numbers_at_once_one_after_the_other(
+        monkeypatch: pytest.MonkeyPatch):
+    # Prepare: a running run whose page listens; every taking of numbers counted (on the
+    # embedded default each rewrites a cache file: a batch's three took three)
+    device = DeviceFactory()
+    run = RunFactory(devices=[device], state=Run.State.RUNNING)
+    channel = subscribe(run.pk)
+    taken = []
+    real = events.run_seq_next
+    monkeypatch.setattr(events, "run_seq_next",
+                        lambda run_id, count=1: taken.append(count) or real(run_id, count))
+    # Execute: two batches, each with timeline events, metric points and (the first) faults
+    for t0 in (0.0, 30.0):
+        services.run_events_store(run=run, device=device,
+                                  **agent_batch(run.pk, device.uid, t0, 5))
+    received = [m["event"] for m in drain(channel)]
+    # Assert: one taking per batch, the numbers consecutive, in the order sent
+    assert [e["type"] for e in received] == ["timeline", "faults", "metrics", "idle",
+                                             "timeline", "metrics", "idle"]
+    assert taken == [4, 3]
+    assert [e["seq"] for e in received] == list(range(1, 8))
+    assert events.run_seq(run.pk) == 7

@@ -191,18 +191,17 @@ def run_events_store_locked(*, run: Run, device: Device, member: RunDevice | Non
                      else [])
     points, refused = _metric_points(metrics)
     stored_metrics = metric_points_store(run=run, points=points) if points else []
-    # the run page's deltas, in the snapshot's own shapes
+    # the run page's deltas, in the snapshot's own shapes, sent together when it commits
+    deltas = []
     if stored_timeline:
-        events.run_event_send(run.pk, events.event_timeline(
-            [e.to_json() for e in stored_timeline]))
+        deltas.append(events.event_timeline([e.to_json() for e in stored_timeline]))
     if stored_faults:
-        events.run_event_send(run.pk, events.event_faults(
-            [selectors.fault_json(r) for r in stored_faults]))
+        deltas.append(events.event_faults([selectors.fault_json(r) for r in stored_faults]))
     if stored_metrics:
-        events.run_event_send(run.pk, events.event_metrics(
-            stored_metrics))
+        deltas.append(events.event_metrics(stored_metrics))
     if stored_timeline and _idle_due(run.pk):
-        events.run_event_send(run.pk, events.event_idle(run))
+        deltas.append(events.event_idle(run))
+    events.run_events_send(run.pk, deltas)
     if member is not None:
         member.events_stream, member.events_seq = stream or "", seq or 0
         member.save(update_fields=["events_stream", "events_seq"])
