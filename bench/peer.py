@@ -17,15 +17,22 @@ which is synchronous.
 
 Reported per configuration, with the spread over pairs: samples/s in the steady state (the
 middle 60% of the last stage's completions) of each side and their ratio (measured side by
-side, pair by pair), CPU per micro-batch of each system (EdgePipe: the web server, the worker
-and the agents, from the run's start to its end; torch: its ranks over their training loops),
-and EdgePipe's web server CPU per 1,000 timeline events per second. Prints a table and, last,
-one JSON line. Runs on the embedded default, in a fresh var directory whose path it prints.
+side, pair by pair), the most any runtime could train on these cuts here ("bound":
+bench/bound.py, each stage's passes timed alone, sending free), CPU per micro-batch of each
+system (EdgePipe: the web server, the worker and the agents, from the run's start to its end;
+torch: its ranks over their training loops),
+and EdgePipe's web server CPU per 1,000 timeline events per second: over the whole run
+("web/1k ev/s", which counts its start and end too) and while it trains ("steady": between
+the times a fifth and four fifths of its events were stored, read from the database every
+half second). The run's end is awaited in the database, not through the web server's API,
+whose polling a user's page does not do. Prints a table and, last, one JSON line. Runs on
+the embedded default, in a fresh var directory whose path it prints.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -34,19 +41,20 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.testbed import free_port, setup_django  # noqa: E402  (the path above makes them importable)
+from bench.bound import StageTimes, batch_bound_s, stage_times  # noqa: E402  (the path above makes them importable)
+from bench.testbed import free_port, setup_django  # noqa: E402
 from bench.torchpipe import TORCH_SCHEDULES, TorchRun, steady_sps, train_torch  # noqa: E402
 
 SCHEDULES = ("1f1b-sync", "gpipe", "1f1b")
 TORCH_FOR = {"1f1b-sync": "1f1b-sync", "gpipe": "gpipe", "1f1b": "1f1b-sync"}
-DEFAULT_BATCHES = {"mlp": 150, "vgg5": 100}
+DEFAULT_BATCHES = {"mlp": 600, "vgg5": 400}
 MICROBATCHES, BATCH_SIZE, LR = 8, 32, 0.05
 
 
@@ -87,7 +95,8 @@ def train_edgepipe(testbed: Any, spec: int, config: Config, *, batches: int
     """One EdgePipe run of the uniform plan over the testbed's first ``config.stages`` agents:
     its cuts, steady samples/s, CPU seconds per process group over the run and event count."""
     from webapp.demo.scenario import chosen_plan
-    from webapp.runs.models import Plan
+    from webapp.runs.models import Plan, Run
+    from webapp.runs.summaries import run_summary
 
     compared = testbed.plan(spec, devices=testbed.devices[:config.stages],
                             algorithms=["uniform"], schedule=config.schedule,
@@ -102,15 +111,61 @@ def train_edgepipe(testbed: Any, spec: int, config: Config, *, batches: int
     groups = {name: child.process.pid for name, child in testbed.processes.children.items()}
     before = group_cpu_s(groups)
     testbed.start(compared["run"], row["plan"])
-    summary: dict[str, Any] = testbed.finish(compared["run"])
+    samples = sampled_until_final(testbed, compared["run"], groups["web"])
     after = group_cpu_s(groups)
+    summary: dict[str, Any] = run_summary(run=Run.objects.get(pk=compared["run"]))
     if summary["state"] != "finished":
         raise SystemExit(f"{config.label}: the run ended {summary['state']}: "
                          f"{summary['error']}")
     cpu = {name: after[name] - before[name] for name in groups}
     return {"cuts": cuts, "sps": summary["throughput_steady_sps"], "cpu_s": cpu,
             "events": summary["events"], "makespan_s": summary["makespan_s"],
+            "web_steady": web_steady(samples),
             "loss_first": summary["loss_first"], "loss_last": summary["loss_last"]}
+
+
+@dataclass(frozen=True)
+class Sample:
+    at_s: float  # monotonic
+    web_cpu_s: float
+    events: int  # the run's timeline events stored so far
+
+
+def sampled_until_final(testbed: Any, run_id: int, web_pgid: int, *, every_s: float = 0.5,
+                        timeout_s: float = 900.0) -> list[Sample]:
+    """Wait for the run to end, reading its state and stored events from the database (not
+    through the web server, whose cost is measured) and the web server's CPU every
+    ``every_s``."""
+    from webapp.demo.scenario import FINAL_STATES
+    from webapp.runs.models import Run, TimelineEvent
+
+    samples: list[Sample] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        testbed.check_children()
+        state = Run.objects.values_list("state", flat=True).get(pk=run_id)
+        samples.append(Sample(time.monotonic(), group_cpu_s({"web": web_pgid})["web"],
+                              TimelineEvent.objects.filter(run_id=run_id).count()))
+        if state in FINAL_STATES:
+            return samples
+        time.sleep(every_s)
+    raise SystemExit(f"run {run_id} did not end in {timeout_s:.0f} s")
+
+
+def web_steady(samples: Sequence[Sample], skip: float = 0.2) -> dict[str, float]:
+    """The web server's cores and the events stored per second while the run trained: between
+    the samples where the first ``skip`` and the last ``skip`` of its events had been stored
+    (not its start, deployment and end, whose cost does not grow with the events), and the
+    cores per 1,000 events a second (0s when too few samples fall in between)."""
+    final = samples[-1].events if samples else 0
+    inside = [s for s in samples if skip * final <= s.events <= (1 - skip) * final]
+    if (len(inside) < 2 or inside[-1].at_s <= inside[0].at_s
+            or inside[-1].events <= inside[0].events):
+        return {"cores": 0.0, "events_per_s": 0.0, "cores_per_1000_events_s": 0.0}
+    span = inside[-1].at_s - inside[0].at_s
+    cores = (inside[-1].web_cpu_s - inside[0].web_cpu_s) / span
+    rate = (inside[-1].events - inside[0].events) / span
+    return {"cores": cores, "events_per_s": rate, "cores_per_1000_events_s": 1000 * cores / rate}
 
 
 def train_peer(config: Config, cuts: Sequence[tuple[int, int]], *, batches: int
@@ -143,7 +198,17 @@ def pair_figures(ours: dict[str, Any], theirs: dict[str, Any], *, microbatches: 
             "web_cpu_ms": 1e3 * web_cpu / microbatches,
             "events_per_s": events_per_s,
             "web_cores_per_1000_events_s": (1000 * web_cores / events_per_s
-                                            if events_per_s else 0.0)}
+                                            if events_per_s else 0.0),
+            "steady_events_per_s": ours["web_steady"]["events_per_s"],
+            "steady_web_cores_per_1000_events_s": ours["web_steady"][
+                "cores_per_1000_events_s"]}
+
+
+@functools.cache
+def timed_stages(model: str, cuts: tuple[tuple[int, int], ...]) -> list[StageTimes]:
+    """The stages' pass times of these cuts (bench/bound.py), timed once for all schedules."""
+    return stage_times(model=model, dataset="digits", cuts=cuts, microbatches=MICROBATCHES,
+                       batch_size=BATCH_SIZE)
 
 
 def run_config(testbed: Any, spec: int, config: Config, *, pairs: int, batches: int,
@@ -166,25 +231,32 @@ def run_config(testbed: Any, spec: int, config: Config, *, pairs: int, batches: 
         say(f"  {config.label} pair {k + 1}: EdgePipe {pair['edgepipe_sps']:.0f} sps, torch "
             f"{pair['torch_sps']:.0f} sps ({pair['ratio']:.2f}x); CPU/micro-batch "
             f"{pair['edgepipe_cpu_ms']:.2f} vs {pair['torch_cpu_ms']:.2f} ms")
+    times = timed_stages(config.model, cuts or ())
+    bound_s = batch_bound_s(times, microbatches=MICROBATCHES, cores=os.cpu_count() or 1,
+                            synchronous=config.schedule != "1f1b")
     return {"model": config.model, "stages": config.stages, "schedule": config.schedule,
             "torch_schedule": TORCH_SCHEDULES[TORCH_FOR[config.schedule]],
             "cuts": [list(c) for c in cuts or ()], "pairs": figures,
+            "stage_times_ms": [{k: 1e3 * v for k, v in asdict(t).items()} for t in times],
+            "bound_sps": MICROBATCHES * BATCH_SIZE / bound_s,
             **{key: spread([f[key] for f in figures]) for key in figures[0]}}
 
 
 def table(rows: Sequence[dict[str, Any]]) -> str:
     header = (f"{'model':5} {'S':>1} {'schedule':9} {'torch':13} {'EdgePipe sps':>12} "
-              f"{'torch sps':>9} {'ratio (min-max)':>16} {'CPU ms/mb EP':>12} "
-              f"{'torch':>6} {'web':>5} {'ev/s':>6} {'web/1k ev/s':>11}")
+              f"{'torch sps':>9} {'bound':>6} {'ratio (min-max)':>16} {'CPU ms/mb EP':>12} "
+              f"{'torch':>6} {'web':>5} {'ev/s':>6} {'web/1k ev/s':>11} {'steady':>6}")
     lines = [header, "-" * len(header)]
     for r in rows:
         lines.append(
             f"{r['model']:5} {r['stages']:>1} {r['schedule']:9} {r['torch_schedule']:13} "
             f"{r['edgepipe_sps']['median']:>12.0f} {r['torch_sps']['median']:>9.0f} "
+            f"{r['bound_sps']:>6.0f} "
             f"{r['ratio']['median']:>5.2f} ({r['ratio']['min']:.2f}-{r['ratio']['max']:.2f})"
             f" {r['edgepipe_cpu_ms']['median']:>12.2f} {r['torch_cpu_ms']['median']:>6.2f} "
             f"{r['web_cpu_ms']['median']:>5.2f} {r['events_per_s']['median']:>6.0f} "
-            f"{r['web_cores_per_1000_events_s']['median']:>11.3f}")
+            f"{r['web_cores_per_1000_events_s']['median']:>11.3f} "
+            f"{r['steady_web_cores_per_1000_events_s']['median']:>6.3f}")
     return "\n".join(lines)
 
 

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from agent.data import load_dataset
 from agent.zoo import build_model
-from bench.peer import group_cpu_s, main, pair_figures
+from bench.peer import Sample, group_cpu_s, main, pair_figures, web_steady
 from bench.torchpipe import TorchRun, steady_sps, train_torch
 
 BUSY_FOR_HALF_A_CPU_SECOND = """
@@ -107,7 +107,9 @@ def test_steady_throughput_leaves_out_fill_and_drain():
 
 def test_a_pairs_figures():
     ours = {"sps": 3000.0, "cpu_s": {"web": 1.0, "worker": 0.2, "agent-peer-0": 3.0},
-            "events": 20_000, "makespan_s": 10.0}
+            "events": 20_000, "makespan_s": 10.0,
+            "web_steady": {"cores": 0.08, "events_per_s": 2000.0,
+                           "cores_per_1000_events_s": 0.04}}
     theirs = {"sps": 2500.0, "cpu_s": 3.2}
     pair = pair_figures(ours, theirs, microbatches=800)
     assert pair["ratio"] == pytest.approx(1.2)
@@ -116,6 +118,20 @@ def test_a_pairs_figures():
     assert pair["web_cpu_ms"] == pytest.approx(1.25)
     # 0.1 of a core taking in 2,000 events/s: 0.05 cores per 1,000 events/s
     assert pair["web_cores_per_1000_events_s"] == pytest.approx(0.05)
+    assert pair["steady_web_cores_per_1000_events_s"] == pytest.approx(0.04)
+
+
+def test_the_web_servers_steady_cost_leaves_out_the_runs_start_and_end():
+    # the web server busy at the start (deploying) and at the end; in between, 0.1 of a core
+    # while 1,000 events a second were stored
+    samples = [Sample(0.0, 0.0, 0), Sample(1.0, 0.9, 0), Sample(2.0, 1.0, 1000),
+               Sample(3.0, 1.1, 2000), Sample(4.0, 1.2, 3000), Sample(5.0, 1.3, 4000),
+               Sample(6.0, 2.5, 5000)]
+    steady = web_steady(samples)
+    assert steady["cores"] == pytest.approx(0.1)
+    assert steady["events_per_s"] == pytest.approx(1000.0)
+    assert steady["cores_per_1000_events_s"] == pytest.approx(0.1)
+    assert web_steady(samples[:2])["cores_per_1000_events_s"] == 0.0  # nothing stored
 
 
 @pytest.mark.parametrize(("argv", "says"), [
