@@ -17,16 +17,18 @@ which is synchronous.
 
 Reported per configuration, with the spread over pairs: samples/s in the steady state (the
 middle 60% of the last stage's completions) of each side and their ratio (measured side by
-side, pair by pair), the most any runtime could train on these cuts here ("bound":
-bench/bound.py, each stage's passes timed alone, sending free), CPU per micro-batch of each
-system (EdgePipe: the web server, the worker and the agents, from the run's start to its end;
-torch: its ranks over their training loops),
-and EdgePipe's web server CPU per 1,000 timeline events per second: over the whole run
-("web/1k ev/s", which counts its start and end too) and while it trains ("steady": between
-the times a fifth and four fifths of its events were stored, read from the database every
-half second). The run's end is awaited in the database, not through the web server's API,
-whose polling a user's page does not do. Prints a table and, last, one JSON line. Runs on
-the embedded default, in a fresh var directory whose path it prints.
+side, pair by pair); the most any runtime could train on these cuts here ("bound":
+bench/bound.py, each stage's passes timed alone, sending free); CPU per micro-batch of each
+system while it trains (EdgePipe: the web server, the worker and the agents between the times
+a fifth and four fifths of the run's events were stored, read from the database every half
+second; torch: its ranks over the middle 60% of their batches), of which EdgePipe's web
+server; and the web server's cores per 1,000 timeline events a second, in that window and,
+"(run)", over the whole run, whose start and end do not grow with the events. The JSON line
+also holds each system's CPU over the whole run (``_run``: EdgePipe's from the run's start to
+its end, torch's over its training loop). The run's end is awaited in the database, not
+through the web server's API, whose polling a user's page does not do. Prints a table and,
+last, one JSON line. Runs on the embedded default, in a fresh var directory whose path it
+prints.
 """
 
 from __future__ import annotations
@@ -111,7 +113,7 @@ def train_edgepipe(testbed: Any, spec: int, config: Config, *, batches: int
     groups = {name: child.process.pid for name, child in testbed.processes.children.items()}
     before = group_cpu_s(groups)
     testbed.start(compared["run"], row["plan"])
-    samples = sampled_until_final(testbed, compared["run"], groups["web"])
+    samples = sampled_until_final(testbed, compared["run"], groups)
     after = group_cpu_s(groups)
     summary: dict[str, Any] = run_summary(run=Run.objects.get(pk=compared["run"]))
     if summary["state"] != "finished":
@@ -120,21 +122,22 @@ def train_edgepipe(testbed: Any, spec: int, config: Config, *, batches: int
     cpu = {name: after[name] - before[name] for name in groups}
     return {"cuts": cuts, "sps": summary["throughput_steady_sps"], "cpu_s": cpu,
             "events": summary["events"], "makespan_s": summary["makespan_s"],
-            "web_steady": web_steady(samples),
+            "steady": steady_figures(samples, events_per_microbatch=summary["events"] / (
+                batches * MICROBATCHES)),
             "loss_first": summary["loss_first"], "loss_last": summary["loss_last"]}
 
 
 @dataclass(frozen=True)
 class Sample:
     at_s: float  # monotonic
-    web_cpu_s: float
+    cpu_s: Mapping[str, float]  # each process group's CPU seconds so far
     events: int  # the run's timeline events stored so far
 
 
-def sampled_until_final(testbed: Any, run_id: int, web_pgid: int, *, every_s: float = 0.5,
-                        timeout_s: float = 900.0) -> list[Sample]:
+def sampled_until_final(testbed: Any, run_id: int, groups: Mapping[str, int], *,
+                        every_s: float = 0.5, timeout_s: float = 900.0) -> list[Sample]:
     """Wait for the run to end, reading its state and stored events from the database (not
-    through the web server, whose cost is measured) and the web server's CPU every
+    through the web server, whose cost is measured) and the CPU of every process group every
     ``every_s``."""
     from webapp.demo.scenario import FINAL_STATES
     from webapp.runs.models import Run, TimelineEvent
@@ -144,7 +147,7 @@ def sampled_until_final(testbed: Any, run_id: int, web_pgid: int, *, every_s: fl
     while time.monotonic() < deadline:
         testbed.check_children()
         state = Run.objects.values_list("state", flat=True).get(pk=run_id)
-        samples.append(Sample(time.monotonic(), group_cpu_s({"web": web_pgid})["web"],
+        samples.append(Sample(time.monotonic(), group_cpu_s(groups),
                               TimelineEvent.objects.filter(run_id=run_id).count()))
         if state in FINAL_STATES:
             return samples
@@ -152,20 +155,29 @@ def sampled_until_final(testbed: Any, run_id: int, web_pgid: int, *, every_s: fl
     raise SystemExit(f"run {run_id} did not end in {timeout_s:.0f} s")
 
 
-def web_steady(samples: Sequence[Sample], skip: float = 0.2) -> dict[str, float]:
-    """The web server's cores and the events stored per second while the run trained: between
-    the samples where the first ``skip`` and the last ``skip`` of its events had been stored
-    (not its start, deployment and end, whose cost does not grow with the events), and the
-    cores per 1,000 events a second (0s when too few samples fall in between)."""
+def steady_figures(samples: Sequence[Sample], *, events_per_microbatch: float,
+                   skip: float = 0.2) -> dict[str, float]:
+    """What EdgePipe's processes used while the run trained: between the samples where the
+    first ``skip`` and the last ``skip`` of its events had been stored (not its start,
+    deployment and end, which torch's figures leave out too), the CPU ms per micro-batch of
+    all of them and of the web server, the events stored per second and the web server's
+    cores per 1,000 of them (0s when too few samples fall in between)."""
     final = samples[-1].events if samples else 0
     inside = [s for s in samples if skip * final <= s.events <= (1 - skip) * final]
     if (len(inside) < 2 or inside[-1].at_s <= inside[0].at_s
-            or inside[-1].events <= inside[0].events):
-        return {"cores": 0.0, "events_per_s": 0.0, "cores_per_1000_events_s": 0.0}
-    span = inside[-1].at_s - inside[0].at_s
-    cores = (inside[-1].web_cpu_s - inside[0].web_cpu_s) / span
-    rate = (inside[-1].events - inside[0].events) / span
-    return {"cores": cores, "events_per_s": rate, "cores_per_1000_events_s": 1000 * cores / rate}
+            or inside[-1].events <= inside[0].events or events_per_microbatch <= 0):
+        return dict.fromkeys(("cpu_ms", "web_cpu_ms", "events_per_s", "web_cores",
+                              "web_cores_per_1000_events_s"), 0.0)
+    first, last = inside[0], inside[-1]
+    span, stored = last.at_s - first.at_s, last.events - first.events
+    used = {name: last.cpu_s[name] - first.cpu_s[name] for name in last.cpu_s}
+    microbatches = stored / events_per_microbatch
+    web_cores = used.get("web", 0.0) / span
+    rate = stored / span
+    return {"cpu_ms": 1e3 * sum(used.values()) / microbatches,
+            "web_cpu_ms": 1e3 * used.get("web", 0.0) / microbatches,
+            "events_per_s": rate, "web_cores": web_cores,
+            "web_cores_per_1000_events_s": 1000 * web_cores / rate}
 
 
 def train_peer(config: Config, cuts: Sequence[tuple[int, int]], *, batches: int
@@ -175,8 +187,8 @@ def train_peer(config: Config, cuts: Sequence[tuple[int, int]], *, batches: int
                    batch_size=BATCH_SIZE, batches=batches, lr=LR)
     result = train_torch(run)
     return {"sps": steady_sps(result.batch_ends_s, MICROBATCHES * BATCH_SIZE),
-            "cpu_s": result.cpu_total_s, "loss_first": result.losses[0],
-            "loss_last": result.losses[-1]}
+            "cpu_s": result.cpu_total_s, "steady_cpu_s": result.steady_cpu_per_batch_s(),
+            "loss_first": result.losses[0], "loss_last": result.losses[-1]}
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:
@@ -185,23 +197,29 @@ def spread(values: Sequence[float]) -> dict[str, float]:
 
 def pair_figures(ours: dict[str, Any], theirs: dict[str, Any], *, microbatches: int
                  ) -> dict[str, float]:
-    """A pair's side-by-side figures: throughput ratio, CPU ms per micro-batch of each system
-    (EdgePipe's all processes, and its web server alone), web server cores per 1,000 events/s."""
+    """A pair's side-by-side figures: the throughput ratio; CPU ms per micro-batch of each
+    system while it trained (EdgePipe's all processes, and its web server alone; torch's ranks
+    over the middle batches) and over the whole run (``_run``: EdgePipe's from the run's start
+    to its end, torch's over its training loop); the web server's cores per 1,000 events/s
+    while the run trained, and over the whole run."""
+    steady = ours["steady"]
     ours_cpu = sum(ours["cpu_s"].values())
     web_cpu = ours["cpu_s"].get("web", 0.0)
     events_per_s = ours["events"] / ours["makespan_s"] if ours["makespan_s"] else 0.0
     web_cores = web_cpu / ours["makespan_s"] if ours["makespan_s"] else 0.0
     return {"ratio": ours["sps"] / theirs["sps"] if theirs["sps"] else 0.0,
             "edgepipe_sps": ours["sps"], "torch_sps": theirs["sps"],
-            "edgepipe_cpu_ms": 1e3 * ours_cpu / microbatches,
-            "torch_cpu_ms": 1e3 * theirs["cpu_s"] / microbatches,
-            "web_cpu_ms": 1e3 * web_cpu / microbatches,
-            "events_per_s": events_per_s,
-            "web_cores_per_1000_events_s": (1000 * web_cores / events_per_s
-                                            if events_per_s else 0.0),
-            "steady_events_per_s": ours["web_steady"]["events_per_s"],
-            "steady_web_cores_per_1000_events_s": ours["web_steady"][
-                "cores_per_1000_events_s"]}
+            "edgepipe_cpu_ms": steady["cpu_ms"],
+            "torch_cpu_ms": 1e3 * theirs["steady_cpu_s"] / MICROBATCHES,
+            "web_cpu_ms": steady["web_cpu_ms"],
+            "events_per_s": steady["events_per_s"],
+            "web_cores_per_1000_events_s": steady["web_cores_per_1000_events_s"],
+            "edgepipe_cpu_ms_run": 1e3 * ours_cpu / microbatches,
+            "torch_cpu_ms_run": 1e3 * theirs["cpu_s"] / microbatches,
+            "web_cpu_ms_run": 1e3 * web_cpu / microbatches,
+            "events_per_s_run": events_per_s,
+            "web_cores_per_1000_events_s_run": (1000 * web_cores / events_per_s
+                                                if events_per_s else 0.0)}
 
 
 @functools.cache
@@ -245,7 +263,7 @@ def run_config(testbed: Any, spec: int, config: Config, *, pairs: int, batches: 
 def table(rows: Sequence[dict[str, Any]]) -> str:
     header = (f"{'model':5} {'S':>1} {'schedule':9} {'torch':13} {'EdgePipe sps':>12} "
               f"{'torch sps':>9} {'bound':>6} {'ratio (min-max)':>16} {'CPU ms/mb EP':>12} "
-              f"{'torch':>6} {'web':>5} {'ev/s':>6} {'web/1k ev/s':>11} {'steady':>6}")
+              f"{'torch':>6} {'web':>5} {'ev/s':>6} {'web/1k ev/s':>11} {'(run)':>6}")
     lines = [header, "-" * len(header)]
     for r in rows:
         lines.append(
@@ -256,7 +274,7 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
             f" {r['edgepipe_cpu_ms']['median']:>12.2f} {r['torch_cpu_ms']['median']:>6.2f} "
             f"{r['web_cpu_ms']['median']:>5.2f} {r['events_per_s']['median']:>6.0f} "
             f"{r['web_cores_per_1000_events_s']['median']:>11.3f} "
-            f"{r['steady_web_cores_per_1000_events_s']['median']:>6.3f}")
+            f"{r['web_cores_per_1000_events_s_run']['median']:>6.3f}")
     return "\n".join(lines)
 
 

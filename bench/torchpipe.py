@@ -9,7 +9,7 @@ cuts of the EdgePipe plan it is compared with) and trains them with
 after each batch. The data are the agents' (agent.data): batch b holds micro-batches
 b x microbatches .. (b + 1) x microbatches - 1 of the run's seed, in order.
 
-Each rank writes what it measured (the end of every batch, its CPU seconds over the loop, the
+Each rank writes what it measured (the end of every batch and its CPU seconds by then, the
 last stage's losses) as JSON, and its stage's weights as safetensors when asked, to a
 directory the parent reads: nothing crosses between the processes as pickle.
 """
@@ -50,10 +50,22 @@ class TorchResult:
     batch_ends_s: tuple[float, ...]  # the last rank's batch ends, from the loop's start
     cpu_s: tuple[float, ...]  # each rank's CPU seconds over its training loop
     losses: tuple[float, ...]  # the mean loss of each batch
+    # each rank's CPU seconds from the loop's start to the end of each batch
+    batch_cpu_s: tuple[tuple[float, ...], ...] = ()
 
     @property
     def cpu_total_s(self) -> float:
         return sum(self.cpu_s)
+
+    def steady_cpu_per_batch_s(self, skip: float = 0.2) -> float:
+        """All ranks' CPU seconds per batch over the middle batches (leaving out the first
+        and last ``skip`` of them, as :func:`steady_sps` does); the whole loop's when there
+        are too few."""
+        count = min((len(c) for c in self.batch_cpu_s), default=0)
+        first, final = int(count * skip), count - 1 - int(count * skip)
+        if final - first < 1:
+            return self.cpu_total_s / max(1, len(self.batch_ends_s))
+        return sum(c[final] - c[first] for c in self.batch_cpu_s) / (final - first)
 
 
 def steady_sps(ends: Sequence[float], samples_per_end: int, skip: float = 0.2) -> float:
@@ -98,6 +110,7 @@ def _rank_main(rank: int, world: int, port: int, run_json: str, out: str, save: 
                                   loss_fn=torch.nn.functional.cross_entropy)
         optimizer = torch.optim.SGD(module.parameters(), lr=run.lr)
         ends: list[float] = []
+        cpus: list[float] = []
         batch_losses: list[float] = []
         dist.barrier()
         start, cpu_start = time.perf_counter(), time.process_time()
@@ -115,10 +128,11 @@ def _rank_main(rank: int, world: int, port: int, run_json: str, out: str, save: 
                 schedule.step()
             optimizer.step()
             ends.append(time.perf_counter() - start)
+            cpus.append(time.process_time() - cpu_start)
         cpu = time.process_time() - cpu_start
         dist.barrier()
         (Path(out) / f"rank{rank}.json").write_text(json.dumps(
-            {"ends": ends, "cpu_s": cpu, "losses": batch_losses}))
+            {"ends": ends, "cpu_s": cpu, "cpus": cpus, "losses": batch_losses}))
         if save:
             from safetensors.torch import save_file
 
@@ -164,4 +178,5 @@ def train_torch(run: TorchRun, *, weights_dir: Path | None = None,
                                           for r in range(world)]
     return TorchResult(batch_ends_s=tuple(measured[-1]["ends"]),
                        cpu_s=tuple(m["cpu_s"] for m in measured),
-                       losses=tuple(measured[-1]["losses"]))
+                       losses=tuple(measured[-1]["losses"]),
+                       batch_cpu_s=tuple(tuple(m["cpus"]) for m in measured))

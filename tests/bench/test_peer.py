@@ -16,8 +16,8 @@ from safetensors.torch import load_file
 
 from agent.data import load_dataset
 from agent.zoo import build_model
-from bench.peer import Sample, group_cpu_s, main, pair_figures, web_steady
-from bench.torchpipe import TorchRun, steady_sps, train_torch
+from bench.peer import Sample, group_cpu_s, main, pair_figures, steady_figures
+from bench.torchpipe import TorchResult, TorchRun, steady_sps, train_torch
 
 BUSY_FOR_HALF_A_CPU_SECOND = """
 import time
@@ -108,30 +108,46 @@ def test_steady_throughput_leaves_out_fill_and_drain():
 def test_a_pairs_figures():
     ours = {"sps": 3000.0, "cpu_s": {"web": 1.0, "worker": 0.2, "agent-peer-0": 3.0},
             "events": 20_000, "makespan_s": 10.0,
-            "web_steady": {"cores": 0.08, "events_per_s": 2000.0,
-                           "cores_per_1000_events_s": 0.04}}
-    theirs = {"sps": 2500.0, "cpu_s": 3.2}
+            "steady": {"cpu_ms": 4.5, "web_cpu_ms": 1.0, "events_per_s": 2000.0,
+                       "web_cores": 0.08, "web_cores_per_1000_events_s": 0.04}}
+    theirs = {"sps": 2500.0, "cpu_s": 3.2, "steady_cpu_s": 0.024}
     pair = pair_figures(ours, theirs, microbatches=800)
     assert pair["ratio"] == pytest.approx(1.2)
-    assert pair["edgepipe_cpu_ms"] == pytest.approx(4200 / 800)
-    assert pair["torch_cpu_ms"] == pytest.approx(4.0)
-    assert pair["web_cpu_ms"] == pytest.approx(1.25)
+    assert pair["edgepipe_cpu_ms"] == 4.5 and pair["web_cpu_ms"] == 1.0
+    assert pair["torch_cpu_ms"] == pytest.approx(3.0)  # 24 ms a batch of 8
+    assert pair["web_cores_per_1000_events_s"] == 0.04
+    assert pair["edgepipe_cpu_ms_run"] == pytest.approx(4200 / 800)
+    assert pair["torch_cpu_ms_run"] == pytest.approx(4.0)
+    assert pair["web_cpu_ms_run"] == pytest.approx(1.25)
     # 0.1 of a core taking in 2,000 events/s: 0.05 cores per 1,000 events/s
-    assert pair["web_cores_per_1000_events_s"] == pytest.approx(0.05)
-    assert pair["steady_web_cores_per_1000_events_s"] == pytest.approx(0.04)
+    assert pair["web_cores_per_1000_events_s_run"] == pytest.approx(0.05)
 
 
-def test_the_web_servers_steady_cost_leaves_out_the_runs_start_and_end():
-    # the web server busy at the start (deploying) and at the end; in between, 0.1 of a core
-    # while 1,000 events a second were stored
-    samples = [Sample(0.0, 0.0, 0), Sample(1.0, 0.9, 0), Sample(2.0, 1.0, 1000),
-               Sample(3.0, 1.1, 2000), Sample(4.0, 1.2, 3000), Sample(5.0, 1.3, 4000),
-               Sample(6.0, 2.5, 5000)]
-    steady = web_steady(samples)
-    assert steady["cores"] == pytest.approx(0.1)
+def test_the_steady_figures_leave_out_the_runs_start_and_end():
+    # busy at the start (deploying) and at the end; in between the web server used 0.1 of a
+    # core and the agent 0.4 while 1,000 events a second were stored, 10 per micro-batch
+    def sample(at: float, web: float, agent: float, events: int) -> Sample:
+        return Sample(at, {"web": web, "agent-peer-0": agent}, events)
+
+    samples = [sample(0.0, 0.0, 0.0, 0), sample(1.0, 0.9, 0.9, 0), sample(2.0, 1.0, 1.0, 1000),
+               sample(3.0, 1.1, 1.4, 2000), sample(4.0, 1.2, 1.8, 3000),
+               sample(5.0, 1.3, 2.2, 4000), sample(6.0, 2.5, 3.0, 5000)]
+    steady = steady_figures(samples, events_per_microbatch=10.0)
+    assert steady["web_cores"] == pytest.approx(0.1)
     assert steady["events_per_s"] == pytest.approx(1000.0)
-    assert steady["cores_per_1000_events_s"] == pytest.approx(0.1)
-    assert web_steady(samples[:2])["cores_per_1000_events_s"] == 0.0  # nothing stored
+    assert steady["web_cores_per_1000_events_s"] == pytest.approx(0.1)
+    assert steady["cpu_ms"] == pytest.approx(5.0)  # 0.5 cores over 100 micro-batches a second
+    assert steady["web_cpu_ms"] == pytest.approx(1.0)
+    assert steady_figures(samples[:2], events_per_microbatch=10.0)["cpu_ms"] == 0.0
+
+
+def test_torchs_steady_cpu_leaves_out_the_first_and_last_batches():
+    result = TorchResult(batch_ends_s=tuple(float(b) for b in range(1, 11)), cpu_s=(9.0, 4.0),
+                         losses=(1.0,) * 10,
+                         batch_cpu_s=((5.0, 5.5, 6.0, 6.5, 7.0, 7.5, 8.0, 8.5, 8.75, 9.0),
+                                      tuple(0.25 * b + 1.5 for b in range(1, 11))))
+    # batches 2..7: rank 0 0.5 s a batch, rank 1 0.25
+    assert result.steady_cpu_per_batch_s() == pytest.approx(0.75)
 
 
 @pytest.mark.parametrize(("argv", "says"), [
