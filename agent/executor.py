@@ -40,6 +40,10 @@ live weights meanwhile).
 Every forward, backward, update and aggregate becomes a timeline event (shared schema, run
 clock); the data plane reports sends and this executor records receives; the last stage
 reports loss and accuracy per micro-batch.
+
+Beside this module: agent.stage (a stage's errors, clock, metric points and result),
+agent.stageio (its receives, timed passes and sends) and agent.sharing (the ``A`` and ``G``
+actions), the last two mixins of :class:`StageExecutor`.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -59,68 +63,35 @@ from agent.emulation import Slowdown
 from agent.fixedcosts import CostClock, FixedCosts
 from agent.layered import backward_layers, forward_layers, layers_of_parameters
 from agent.optim import SGD
-from agent.sharing import GroupChanged, Sharing
+from agent.sharing import Sharing
+from agent.stage import (
+    Checkpoint,
+    Clock,
+    Metric,
+    StageError,
+    StageResult,
+    StageStopped,
+    check_spec,
+)
+from agent.stageio import StageIO
+from agent.stageweights import StageWeights, stash_needed
 from agent.transport import DataPlane
-from agent.turns import TurnError, Turnstile
+from agent.turns import Turnstile
 from agent.versions import Aggregation, VersionError, WeightVersions
 from agent.weights import (
-    Entry,
     Tensors,
     WeightStore,
-    momentum_refs,
     parameter_slots,
-    snapshot,
     state_refs,
 )
-from agent.wire import Message, encode_message
 from orchestrator.events import TimelineEvent
 from orchestrator.formats import LayerTimes, synchronous
-from orchestrator.protocol import ProtocolError, StageSpec
+from orchestrator.protocol import StageSpec
 from orchestrator.protocol.stagespec import TURN_KINDS
-from orchestrator.schedule import Action, ForwardGate, reference_version
+from orchestrator.schedule import Action, ForwardGate
 
 __all__ = ["Clock", "FixedCosts", "Metric", "StageError", "StageExecutor", "StageResult",
            "StageSpec", "StageStopped", "check_spec"]
-
-
-class StageError(RuntimeError):
-    """The stage cannot go on (a neighbour stopped answering, a deployment it cannot run)."""
-
-
-class StageStopped(StageError):
-    """The stage was told to stop (or halt) while it waited: not a failure."""
-
-
-def check_spec(spec: StageSpec) -> StageSpec:
-    """The spec, or a StageError saying why no device can run it."""
-    try:
-        spec.check()
-    except ProtocolError as exc:
-        raise StageError(f"malformed stage deployment: {exc}") from None
-    return spec
-
-
-@dataclass
-class Metric:
-    name: str
-    value: float
-    microbatch: int
-    at: float
-
-
-@dataclass
-class Clock:
-    """Seconds since the run started, on the server's clock (the agent's offset applied)."""
-
-    started_at: float  # server epoch seconds
-    offset_s: float = 0.0  # server clock - local clock
-
-    def absolute(self) -> float:
-        """The server's epoch time (what headers' ``sent_at`` and the data plane use)."""
-        return time.time() + self.offset_s
-
-    def now(self) -> float:
-        return self.absolute() - self.started_at
 
 
 @dataclass
@@ -133,20 +104,6 @@ class _InFlight:
     layer_outputs: list[torch.Tensor] | None = None  # each layer's, for a backward in parts
 
 
-@dataclass
-class StageResult:
-    forwards: list[int] = field(default_factory=list)
-    backwards: list[int] = field(default_factory=list)
-    updates: int = 0
-    updated: list[int] = field(default_factory=list)  # micro-batches whose update was applied
-    versions: dict[int, int] = field(default_factory=dict)  # micro-batch -> forward's version
-    aggregated: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)
-    rounds: list[int] = field(default_factory=list)  # micro-batches a group average followed
-
-
-Checkpoint = Callable[[int, dict[str, torch.Tensor], bool, bool], None]
-
-
 # the method each kind of action runs, by name: a dict of the executor's bound methods made every
 # executor a reference cycle, which the agent's frozen heap (runtime.freeze_heap) never
 # collects, so each deployment's model, data and stashes stayed in memory after it ended
@@ -154,7 +111,7 @@ HANDLERS = {"F": "forward", "B": "backward", "U": "update", "A": "all_reduce",
             "G": "average_group"}
 
 
-class StageExecutor(Sharing):
+class StageExecutor(StageIO, StageWeights, Sharing):
     """Runs one stage's action list to the end (or until ``stop`` is set)."""
 
     def __init__(self, spec: StageSpec, *, module: nn.Module, plane: DataPlane,
@@ -243,7 +200,7 @@ class StageExecutor(Sharing):
         self.synchronous = synchronous(spec.schedule)
         self.per_version = (spec.flush_every or 1) if self.synchronous else 1
         self.base_version = first // self.per_version
-        self.stash_for = self._stash_needed()
+        self.stash_for = stash_needed(self.actions)
         self.versions = WeightVersions(
             self.params, version=self.base_version, snapshots_only=self.lanes,
             keep_every=spec.vertical_sync,
@@ -283,79 +240,11 @@ class StageExecutor(Sharing):
                                {"forward": Slowdown(slowdown / shares[0]),
                                 "other": Slowdown(slowdown / shares[1])})
 
-    def _restore_momentum(self, buffers: Tensors) -> None:
-        """Take up the momentum the stage's weights were trained with: a stage resumed past
-        its first update under momentum would otherwise restart from none, and train another
-        model than the one that failed."""
-        if self.spec.momentum == 0 or (not buffers and self.spec.first_microbatch == 0):
-            return
-        if not buffers:
-            raise StageError(
-                f"resuming at {self.spec.first_microbatch} updates with momentum "
-                f"{self.spec.momentum} needs the weights' momentum buffers; none came with them")
-        restored = []
-        for name, param in zip(self.param_names, self.params, strict=True):
-            buffer = buffers.get(name)
-            if buffer is None:
-                raise StageError(f"no momentum buffer for {name}")
-            if buffer.shape != param.shape:
-                raise StageError(f"the momentum buffer of {name} has shape {list(buffer.shape)}"
-                                 f", the parameter {list(param.shape)}")
-            restored.append(buffer.to(param.dtype).clone())
-        self.optimizer.buffers = restored
-        self._keep_momentum()
-
-    def _keep_momentum(self) -> None:
-        """Checkpoints carry the optimizer's momentum buffers from when it has them."""
-        buffers = self.optimizer.buffers
-        if buffers is not None and len(self.state) == self._weight_refs:
-            self.state = self.state + momentum_refs(self.param_names, buffers)
-
     # ---- the loop
-
-    @property
-    def version(self) -> int:
-        """The live weights' version: how many updates they hold."""
-        return self.versions.version
-
-    @property
-    def applied(self) -> int:
-        """Micro-batches whose updates the live weights hold."""
-        return self.version * self.per_version
 
     @property
     def waited_s(self) -> float:
         return self.costs.waited_s
-
-    def checkpoint(self, *, pinned: bool) -> dict[str, torch.Tensor] | None:
-        """Keep the live weights at ``applied`` in the store (a replication point when
-        ``pinned``, else the rollback window)."""
-        if self.store is None:
-            return None
-        tensors = snapshot(self.state)
-        self.store.add(Entry(layers=self.spec.layers, applied=self.applied, kind="own",
-                             tensors=tensors, pinned=pinned, generation=self.spec.generation))
-        return tensors
-
-    @property
-    def replicates(self) -> bool:
-        """Does this device send the stage's replicas (its group's first: the others hold the
-        same weights)?"""
-        return self.spec.replicas[0] == self.spec.device
-
-    def _after_update(self) -> None:
-        if self.store is None:
-            return
-        applied, spec = self.applied, self.spec
-        chain = bool(spec.chain_every) and applied % spec.chain_every == 0
-        central = bool(spec.global_every) and applied % spec.global_every == 0
-        tensors = self.checkpoint(pinned=chain or central)
-        if (chain or central) and tensors is not None and self.replicates:
-            self.on_checkpoint(applied, tensors, chain, central)
-        # stage 0 commits as it updates; a later stage may be asked for any version from the
-        # oldest stage 0 can still be at (what its latest activation says) on
-        floor = applied if spec.first else self.latest_header_version * self.per_version
-        self.store.trim_window(spec.layers, floor, applied)
 
     def run(self) -> StageResult:
         tensors = self.checkpoint(pinned=True)
@@ -449,136 +338,6 @@ class StageExecutor(Sharing):
 
     # ---- helpers
 
-    def _receive(self, kind: str, microbatch: int, timeout_s: float | None = None,
-                 name: str | None = None,
-                 changed: Callable[[], bool] | None = None) -> Message:
-        """The message of ``kind`` and ``microbatch`` (and ``name``); StageStopped once the
-        stage stops, GroupChanged once ``changed()`` (a group all-reduce's members went),
-        StageError after the timeout."""
-        begun = time.perf_counter()
-        moved = changed or (lambda: False)
-        try:
-            return self.plane.receive(self.spec.run, kind, microbatch,
-                                      name=name or self.spec.tag,
-                                      timeout_s=timeout_s or self.spec.receive_timeout_s,
-                                      cancelled=lambda: self.stop.is_set()
-                                      or self.failure is not None or moved())
-        except TimeoutError as exc:
-            if self.stop.is_set() or self.failure is not None:
-                raise StageStopped(f"stage {self.spec.stage} stopped") from None
-            if moved():
-                raise GroupChanged(f"stage {self.spec.stage}: its group changed") from None
-            raise StageError(f"stage {self.spec.stage}: {exc}") from None
-        finally:
-            self.costs.waited_s += time.perf_counter() - begun
-
-    def _suspect_after(self) -> float | None:
-        """FTPipeHD's backward timer: how long stage 0 waits for a gradient before it suspects
-        a device, a multiple of the moving average time between gradients (None until a few
-        have come)."""
-        arrivals = self.gradient_arrivals
-        if len(arrivals) < 4:
-            return None
-        gaps = [b - a for a, b in zip(arrivals[-9:], arrivals[-8:], strict=False)]
-        average = sum(gaps) / len(gaps)
-        return max(self.spec.suspect_min_s, self.spec.suspect_factor * average)
-
-    def _receive_gradient(self, microbatch: int) -> Message:
-        """Stage 0's wait for a gradient, with the backward timer."""
-        after = self._suspect_after()
-        message = None
-        if after is not None:
-            try:
-                message = self._receive("gradient", microbatch, timeout_s=after)
-            except StageStopped:
-                raise
-            except StageError:  # late
-                if self.running.is_set():  # a paused pipeline is late on purpose
-                    self.on_suspect(microbatch, after)
-        if message is None:
-            message = self._receive("gradient", microbatch)
-        self.gradient_arrivals.append(time.monotonic())
-        del self.gradient_arrivals[:-16]
-        return message
-
-    def _record_receive(self, message: Message, stage: int) -> None:
-        """A receive spans from the sender's start to the arrival (both on the server's epoch
-        clock, as the data plane keeps time)."""
-        arrived = message.arrived_at - self.clock.started_at
-        sent = arrived if message.header.sent_at is None else (
-            message.header.sent_at - self.clock.started_at)
-        self.on_event(TimelineEvent(self.spec.run, self.spec.device, stage, "recv",
-                                    message.header.microbatch, message.header.version,
-                                    min(sent, arrived), arrived, message.nbytes,
-                                    pipeline=self.spec.pipeline))
-
-    def _timed(self, kind: str, microbatch: int, version: int, work: Callable[[], Any], *,
-               part: int = 0, layers: tuple[int, int] | None = None) -> Any:
-        """Run ``work``, a pass (or the ``part`` of one over the stage's ``layers``), in its
-        turn when the device takes turns; its timeline event; paced when emulated."""
-        if self.turns is not None and kind != "update":
-            try:  # the device's schedule says when (a split-learning helper's)
-                self.turns.wait(self.spec.pipeline, kind, microbatch, part,
-                                timeout_s=self.spec.receive_timeout_s,
-                                cancelled=self.stop.is_set)
-            except TurnError as exc:
-                if self.stop.is_set():
-                    raise StageStopped(f"stage {self.spec.stage} stopped") from None
-                raise StageError(str(exc)) from None
-            try:
-                return self._pass(kind, microbatch, version, work, layers)
-            finally:
-                self.turns.done(self.spec.pipeline, kind, microbatch, part)
-        return self._pass(kind, microbatch, version, work, layers)
-
-    def _pass(self, kind: str, microbatch: int, version: int, work: Callable[[], Any],
-              layers: tuple[int, int] | None = None) -> Any:
-        start = self.clock.now()
-        begun = time.perf_counter()
-        out = work()
-        warm_s = None if self.warm_s is None else self.warm_s[kind]
-        if layers is not None and self.warm is not None:  # a part of the pass: its layers'
-            a = self.spec.layers[0]
-            times = self.warm.forward_s if kind == "forward" else self.warm.backward_s
-            warm_s = sum(times[a + layers[0]:a + layers[1] + 1])
-        emulation = self.emulation if self.lane_emulation is None else self.lane_emulation[
-            "forward" if kind == "forward" else "other"]
-        emulation.after(time.perf_counter() - begun, warm_s=warm_s)
-        if warm_s is not None:
-            self.costs.paced_s += emulation.factor * warm_s
-        self.costs.passed_s += time.perf_counter() - begun
-        self.on_event(TimelineEvent(self.spec.run, self.spec.device, self.spec.stage, kind,
-                                    microbatch, version, start, self.clock.now(),
-                                    pipeline=self.spec.pipeline))
-        return out
-
-    def _send(self, kind: str, stage: int, microbatch: int, version: int,
-              tensor: torch.Tensor, labels: torch.Tensor | None = None) -> None:
-        begun = time.perf_counter()
-        peer = self.schedule.device_for(stage, microbatch - self.spec.first_microbatch)
-        header, frames = encode_message(
-            run=self.spec.run, kind=kind, microbatch=microbatch, version=version, tensor=tensor,
-            name=self.spec.tag, sent_at=self.clock.absolute(), labels=labels)
-        self.plane.send(peer, frames, header=header)
-        self.costs.sent_s += time.perf_counter() - begun
-        self.costs.sends += 1
-
-    def _stash_needed(self) -> dict[int, bool]:
-        """For each micro-batch this device forwards: does an update come between its forward
-        and its backward (so that the backward needs the weights as they were)?"""
-        needed: dict[int, bool] = {}
-        open_forwards: set[int] = set()
-        for action in self.actions:
-            if action.kind == "F":
-                open_forwards.add(action.microbatch)
-                needed.setdefault(action.microbatch, False)
-            elif action.kind == "B":
-                open_forwards.discard(action.microbatch)
-            elif action.kind == "U":
-                for m in open_forwards:
-                    needed[m] = True
-        return needed
-
     def _call(self, params: list[torch.Tensor], inputs: torch.Tensor,
               layers: tuple[int, int] | None = None) -> Any:
         """The stage's forward with ``params`` in its parameters' places; with ``layers``
@@ -598,24 +357,6 @@ class StageExecutor(Sharing):
         finally:
             for (owner, name), original in zip(self.slots, self.params, strict=True):
                 owner._parameters[name] = original
-
-    def _gated(self, m: int) -> int:
-        """The version the forward of m runs on by its gate."""
-        return self.base_version + self.gates[m].updates
-
-    def _forward_version(self, m: int, header_version: int | None) -> int:
-        """The version this forward runs on (module docstring, "Weight versions")."""
-        gate = self._gated(m)
-        if not self.spec.vertical_sync or self.synchronous:
-            return gate
-        if header_version is None:  # stage 0: the updates up to m - the pipeline's lag
-            m_local = m - self.spec.first_microbatch
-            return min(gate, self.base_version + reference_version(m_local,
-                                                                   self.spec.pipeline_lag))
-        if header_version > gate:
-            raise StageError(f"vertical sync: micro-batch {m} came with version "
-                             f"{header_version}; this stage has only {gate} for it")
-        return header_version
 
     # ---- the actions
 
