@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
@@ -105,6 +107,16 @@ class Device(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.uid})"
+
+    @property
+    def named(self) -> str:
+        """The device as an error or a fault names it: 'name' (uid)."""
+        return f"{self.name!r} ({self.uid})"
+
+
+def devices_named(devices: Iterable[Device]) -> str:
+    """Devices as an error names them: 'a' (uid-a), 'b' (uid-b)."""
+    return ", ".join(d.named for d in devices)
 
 
 class ModelSpec(models.Model):

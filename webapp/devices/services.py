@@ -261,7 +261,7 @@ def device_profile_request(*, device: Device, model_spec: ModelSpec) -> Command:
     if device.status == Device.Status.RETIRED:
         raise Conflict(f"device {device.uid} is retired", state=device.status, action="profile")
     if not device.control_channel:
-        raise Conflict(f"device {device.name!r} ({device.uid}) has no agent connected: start it "
+        raise Conflict(f"device {device.named} has no agent connected: start it "
                        "with `python -m agent run`", state=device.status, action="profile")
     command = ProfileCommand(model=model_spec.model, dataset=model_spec.dataset,
                              batch_size=model_spec.batch_size)
@@ -274,10 +274,10 @@ def device_agent_stop(*, device: Device) -> Command:
     connection closes, and a run it holds a stage of loses it). Returns the command sent;
     Conflict when no agent is connected to receive it."""
     if device.status == Device.Status.RETIRED:
-        raise Conflict(f"device {device.name!r} ({device.uid}) is retired",
+        raise Conflict(f"device {device.named} is retired",
                        state=device.status, action="stop its agent")
     if not device.control_channel or device.status == Device.Status.OFFLINE:
-        raise Conflict(f"device {device.name!r} ({device.uid}) has no agent connected: there "
+        raise Conflict(f"device {device.named} has no agent connected: there "
                        "is no agent to stop", state=device.status, action="stop its agent")
     command = ExitCommand()
     device_command_send(uid=device.uid, command=command)
@@ -290,7 +290,7 @@ def device_emulate(*, device: Device, slowdown: float) -> Command:
     sent; Conflict when no agent is connected."""
     if not device.control_channel or device.status in (Device.Status.OFFLINE,
                                                         Device.Status.RETIRED):
-        raise Conflict(f"device {device.name!r} ({device.uid}) has no agent connected",
+        raise Conflict(f"device {device.named} has no agent connected",
                        state=device.status, action="change its emulated slowdown")
     command = EmulateCommand(slowdown=float(slowdown))
     device_command_send(uid=device.uid, command=command)

@@ -21,7 +21,7 @@ from orchestrator.formats import (
     parse_profile,
 )
 from orchestrator.timeline_overview import timeline_downsample
-from webapp.devices.models import Device, DeviceLink, LayerProfile
+from webapp.devices.models import Device, DeviceLink, LayerProfile, devices_named
 from webapp.devices.selectors import planning_costs, planning_resources
 from webapp.runs.models import FaultEvent, MetricPoint, Plan, Run, RunDevice, TimelineEvent
 
@@ -118,7 +118,7 @@ def run_planning_inputs(*, run: Run) -> tuple[ModelProfile, DeviceSet]:
         model_spec=spec, device__in=devices)}
     missing = [d for d in devices if d.pk not in profiles]
     if missing:
-        names = ", ".join(f"{d.name!r} ({d.uid})" for d in missing)
+        names = devices_named(missing)
         raise PlanningError(f"no profile of {spec.model} (batch {spec.batch_size}) for device"
                             f"{'s' if len(missing) > 1 else ''} {names}: ask "
                             f"{'them' if len(missing) > 1 else 'it'} to profile the model")
@@ -131,12 +131,12 @@ def run_planning_inputs(*, run: Run) -> tuple[ModelProfile, DeviceSet]:
     for d in devices:
         own = parsed[d.pk]
         if own.num_layers != ref.num_layers:
-            raise PlanningError(f"device {d.name!r} ({d.uid}) profiled {own.num_layers} layers "
+            raise PlanningError(f"device {d.named} profiled {own.num_layers} layers "
                                 f"of {spec.model} but the reference device {reference.uid} "
                                 f"profiled {ref.num_layers}")
         total = sum(la.forward_s + la.backward_s for la in own.layers)
         if total <= 0:
-            raise PlanningError(f"device {d.name!r} ({d.uid}) has a profile with no time")
+            raise PlanningError(f"device {d.named} has a profile with no time")
         rd = planned[d.pk]  # run_plan sets both figures, or neither (a run planned before)
         overhead, per_message = (
             planning_costs(device=d, profile=profiles[d.pk])[:2] if rd.overhead_s is None

@@ -28,7 +28,7 @@ from orchestrator.recovery import (
     unprotected_stages,
 )
 from webapp.devices.commands import command_build, device_command_send
-from webapp.devices.models import Device
+from webapp.devices.models import Device, devices_named
 from webapp.devices.services import data_peers
 from webapp.runs import replicas
 from webapp.runs.models import (
@@ -52,6 +52,7 @@ from webapp.runs.services.control import (
     lock_run,
     move_run,
     run_clock,
+    runs_fail_silent,
 )
 from webapp.runs.services.deployment import spec_fields
 from webapp.runs.states import Deployment, Recovery, RunState
@@ -156,7 +157,7 @@ def _pipelearn_lost(run: Run, lost: Sequence[RunDevice], *, reason: str,
         control_event(run, "device_lost", device=rd.device.uid,
                       detail={"reason": reason, "detected_by": detected_by})
     server = (run.pipelearn or {}).get("server")
-    names = ", ".join(f"{rd.device.name!r} ({rd.device.uid})" for rd in lost)
+    names = devices_named(rd.device for rd in lost)
     what = "its server" if any(rd.device.uid == server for rd in lost) else "a device"
     return fail_run(run, f"the PipeLearn run lost {what}, {names} ({reason}); it does not "
                          "re-plan around a lost device yet: start it again on the devices left")
@@ -214,25 +215,22 @@ def recoveries_fail_stalled(*, older_than_s: float) -> list[int]:
     """Fail the runs whose recovery still waits for a survivor's halt ``older_than_s`` after
     the loss was detected, naming the devices that never answered (a frozen agent, a command
     that never reached it): such a run stayed recovering for ever. Returns their ids."""
-    failed = []
     now = time.time()
     cutoff = now - older_than_s
-    for run_id in Run.objects.filter(state=RunState.RECOVERING).values_list("pk", flat=True):
-        with transaction.atomic():
-            run = Run.objects.select_for_update().get(pk=run_id)
-            recovery = Recovery.from_json(run.recovery)
-            if (run.state != RunState.RECOVERING or recovery is None
-                    or (recovery.detected_wall or now) > cutoff):
-                continue
-            silent = [rd.device for rd in RunDevice.objects.filter(
-                run=run, stage_state=S.HALTING).select_related("device").order_by("position")]
-            if not silent:
-                continue
-            names = ", ".join(f"{d.name!r} ({d.uid})" for d in silent)
-            fail_run(run, f"{names} did not answer the recovery's halt within "
-                          f"{older_than_s:.0f} s of the loss: is its agent running?")
-            failed.append(run_id)
-    return failed
+
+    def halting(run: Run) -> list[Device] | None:
+        recovery = Recovery.from_json(run.recovery)
+        if (run.state != RunState.RECOVERING or recovery is None
+                or (recovery.detected_wall or now) > cutoff):
+            return None
+        return [rd.device for rd in RunDevice.objects.filter(
+            run=run, stage_state=S.HALTING).select_related("device").order_by("position")
+        ] or None
+
+    return runs_fail_silent(
+        Run.objects.filter(state=RunState.RECOVERING).values_list("pk", flat=True), halting,
+        lambda names: f"{names} did not answer the recovery's halt within "
+                      f"{older_than_s:.0f} s of the loss: is its agent running?")
 
 
 def _replan(run: Run) -> Run:

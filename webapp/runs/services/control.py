@@ -4,15 +4,17 @@ clock, control events on its timeline, commands to all its stages, failing it.""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+from django.db import transaction
 from django.utils import timezone
 
 from orchestrator.events import FaultEvent as FaultRecord
 from webapp.common.exceptions import InvalidInput
 from webapp.devices.commands import command_build, device_command_send
-from webapp.devices.models import Device
+from webapp.devices.models import Device, devices_named
 from webapp.runs import events, selectors
 from webapp.runs.models import (
     Run,
@@ -127,4 +129,21 @@ def fail_run(run: Run, error: str, *, device: str = "") -> Run:
     events.run_event_send(failed.pk, events.event_idle(failed))
     control_event(failed, "run_failed", device=device, detail={"error": error})
     command_all_stages(failed, "stop")
+    return failed
+
+
+def runs_fail_silent(run_ids: Iterable[int], silent_of: Callable[[Run], list[Device] | None],
+                     why: Callable[[str], str]) -> list[int]:
+    """Lock each run and fail those that still have devices that did not answer: the ones
+    ``silent_of`` names (None: the run no longer waits, leave it), with ``why`` of their
+    names as the error. Returns the ids of the runs failed."""
+    failed = []
+    for run_id in run_ids:
+        with transaction.atomic():
+            locked = Run.objects.select_for_update().get(pk=run_id)
+            silent = silent_of(locked)
+            if silent is None:
+                continue
+            fail_run(locked, why(devices_named(silent) or "no device"))
+            failed.append(run_id)
     return failed

@@ -98,7 +98,7 @@ def deploy_plan(run: Run, plan: Plan) -> Run:
         d = run_devices[uid].device
         if d.status not in ACTIVE_DEVICE or not d.data_address or not d.data_key:
             why = f"is {d.status}" if d.status not in ACTIVE_DEVICE else "has no agent connected"
-            return fail_run(run, f"device {d.name!r} ({d.uid}) {why}: start its agent "
+            return fail_run(run, f"device {d.named} {why}: start its agent "
                               "(python -m agent run) and start the run again", device=uid)
     # every device of the run, not only the plan's: a recovering stage may fetch weights
     # from any of them, and each admits only the keys it was given

@@ -38,6 +38,7 @@ from webapp.runs.services.control import (
     move_run,
     part_reached,
     run_clock_origin,
+    runs_fail_silent,
     staged_devices,
 )
 from webapp.runs.services.creation import check_algorithms
@@ -248,7 +249,7 @@ def run_stage_failed(*, run: Run, device: Device, error: str, generation: int | 
     rd.save(update_fields=["stage_state", "stage_error"])
     if locked.state not in ACTIVE:
         return locked
-    return fail_run(locked, f"device {device.name!r} ({device.uid}), {where}: {error}",
+    return fail_run(locked, f"device {device.named}, {where}: {error}",
                     device=device.uid)
 
 
@@ -276,17 +277,15 @@ def runs_fail_stalled(*, older_than_s: float) -> list[int]:
     """Fail the runs still starting ``older_than_s`` after their deployment was sent, naming the
     devices that did not answer (their agent stopped or lost its connection meanwhile)."""
     cutoff = timezone.now() - timedelta(seconds=older_than_s)
-    failed = []
-    for run_id in Run.objects.filter(state=RunState.STARTING, started_at__lt=cutoff
-                                     ).values_list("pk", flat=True):
-        with transaction.atomic():
-            locked = Run.objects.select_for_update().get(pk=run_id)
-            if locked.state != RunState.STARTING:
-                continue
-            silent = [rd.device for rd in staged_devices(locked)
-                      if rd.stage_state == RunDevice.StageState.DEPLOYING]
-            names = ", ".join(f"{d.name!r} ({d.uid})" for d in silent) or "no device"
-            fail_run(locked, f"{names} did not answer the deployment within {older_than_s:.0f} s: "
-                          "is its agent running?")
-            failed.append(run_id)
-    return failed
+
+    def deploying(run: Run) -> list[Device] | None:
+        if run.state != RunState.STARTING:
+            return None
+        return [rd.device for rd in staged_devices(run)
+                if rd.stage_state == RunDevice.StageState.DEPLOYING]
+
+    return runs_fail_silent(
+        Run.objects.filter(state=RunState.STARTING, started_at__lt=cutoff
+                           ).values_list("pk", flat=True), deploying,
+        lambda names: f"{names} did not answer the deployment within {older_than_s:.0f} s: "
+                      "is its agent running?")
