@@ -77,6 +77,6 @@ def test_the_cores_bound_a_pipeline_with_more_stages_than_cores():
 
 def test_stage_times_time_each_stage_of_the_cuts():
     times = stage_times(model="mlp", dataset="digits", cuts=[(0, 1), (2, 3)], microbatches=2,
-                        batch_size=8, repetitions=3, warmup=1)
+                        batch_size=8, repetitions=3, warmup=1, processes=2)
     assert len(times) == 2
     assert all(t.forward_s > 0 and t.backward_s > 0 and t.update_s > 0 for t in times)
