@@ -233,11 +233,7 @@ class Sharing:
         for device, pipeline, stage in spec.group:
             if pipeline in self.excluded or (pipeline, stage) == (spec.pipeline, spec.stage):
                 continue
-            header, frames = encode_message(
-                run=spec.run, kind="grads", microbatch=index, version=self.version,
-                tensor=total, name=self._group_name(f"done-{what}", pipeline, stage, "r"),
-                sent_at=self.clock.absolute())
-            self.plane.send(device, frames, header=header)
+            self._send_group(f"{device}/{pipeline}/{stage}", f"done-{what}", index, "r", total)
 
     def _group_channel(self: Host, tag: str, index: int, excluded: frozenset[int],
                        done_name: str) -> tuple[Callable[[str, str, torch.Tensor], None],

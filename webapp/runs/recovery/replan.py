@@ -211,6 +211,7 @@ def run_stage_halted(*, run: Run, device: Device, generation: Any, holdings: Any
         return locked
     return _replan(locked)
 
+
 def recoveries_fail_stalled(*, older_than_s: float) -> list[int]:
     """Fail the runs whose recovery still waits for a survivor's halt ``older_than_s`` after
     the loss was detected, naming the devices that never answered (a frozen agent, a command
