@@ -289,6 +289,10 @@ def measured_costs(deployment: Deployment) -> dict[str, float]:
              costs.fixed_s * 1e3, costs.microbatches, sending * 1e3, costs.sends_per_microbatch,
              overhead * 1e3, out["pass_overhead_s"] * 1e3,
              "-" if costs.send_s is None else f"{costs.send_s * 1e3:.3f} ms")
+    inbox = deployment.executor.plane.inbox
+    log.info("this agent's inbox so far: %d messages read by a waiting stage, %d by the "
+             "receiving thread, which a stage woke %d times", inbox.read_by_stage,
+             inbox.read_by_background, inbox.wakes)
     if overhead > 10:
         return {}
     return {name: value for name, value in out.items() if value <= 10}

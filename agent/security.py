@@ -90,7 +90,7 @@ class PeerAuthenticator(ThreadAuthenticator):
         self._grants: dict[Hashable, dict[bytes, str]] = {}  # holder -> {Z85 key: uid}
         self._epochs: dict[Hashable, int] = {}  # holder -> how many times it was granted
         # every grant's keys together, replaced whole (never changed in place): the
-        # receiver thread reads it for every message without the lock
+        # thread reading the inbox reads it for every message without the lock
         self._uids: Mapping[bytes, str] = {}
         self.refused = 0  # connections from keys nobody named
 

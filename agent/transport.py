@@ -1,15 +1,16 @@
 """The data plane between agents: this agent's inbox and its authenticated links to its peers.
 
-:class:`DataPlane` owns one PULL socket (this agent's inbox) on a receiver thread and PUSH
-sockets to its peers, used under a lock (ZeroMQ sockets are not thread-safe). Messages follow
+:class:`DataPlane` owns one PULL socket (this agent's inbox, agent.inbox: read by the stage
+that waits for a message, else by a receiving thread) and PUSH sockets to its peers, used
+under a lock (ZeroMQ sockets are not thread-safe). Messages follow
 agent.wire's format. Both ends are CURVE-secured (agent.security): the inbox admits only the
 peers the server names, by their public keys, for as long as it names them (a connection whose
 key is no longer admitted has its messages dropped), and a message to a peer is encrypted to
 the key the server gave for it. A send hands the message to ZeroMQ's I/O thread in the
 caller's thread, so computing never waits for a transfer; received messages are kept by (run,
 kind, micro-batch, name), at most ``max_pending`` of them and ``max_pending_bytes``: beyond,
-new ones are dropped with a log line. A frame that is not a message is refused and the
-receiver goes on.
+new ones are dropped with a log line. A frame that is not a message is refused and reading
+goes on.
 Emulation for heterogeneous testbeds on one machine: ``bandwidth_bps`` and ``latency_s``
 shape what this agent sends, on a sender thread that holds each message back: a message holds
 the single outgoing line for bytes / bandwidth, one after the other, and arrives ``latency_s``
@@ -32,10 +33,12 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import zmq
 
+from agent.inbox import Inbox
 from agent.security import DataKeys, PeerAuthenticator
 from agent.wire import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -103,7 +106,8 @@ class _PeerSocket:
     def refused(self) -> bool:
         """Has the peer refused a handshake since the socket opened? (Events are read off.)"""
         refused = False
-        while self.monitor.poll(0):
+        # the monitor's EVENTS, not a poll: a poll per send cost a Poller and a system call
+        while cast(int, self.monitor.get(zmq.EVENTS)) & zmq.POLLIN:
             self.monitor.recv_multipart()
             refused = True
         return refused
@@ -169,15 +173,12 @@ class DataPlane:
         self._line = threading.Lock()
         # messages to send; an Event is a flush marker, None stops the sender
         self._outgoing: queue.Queue[_Outgoing | threading.Event | None] = queue.Queue()
-        # by (run, kind, micro-batch, name): a late message of a run that ended (a halted
-        # generation's in-flight activation, arriving after the discard) must never be taken
-        # for the next run's; it was, and a stage got another model's activation
-        self._inbox: dict[tuple[int, str, int, str | None], Message] = {}
-        self._inbox_bytes = 0
-        self._inbox_changed = threading.Condition()
-        self._stop = threading.Event()
         self.rejected = 0
-        self._receiver = threading.Thread(target=self._receive_loop, name="dataplane-recv",
+        self.inbox = Inbox(self.inbox_socket, decoded=self._decoded, is_side=self._is_side,
+                           on_side=self._on_side, reject=self._reject,
+                           max_pending=max_pending, max_pending_bytes=max_pending_bytes)
+        self._stop = threading.Event()
+        self._receiver = threading.Thread(target=self.inbox.serve, name="dataplane-recv",
                                           daemon=True)
         self._sender = threading.Thread(target=self._send_loop, name="dataplane-send",
                                         daemon=True)
@@ -333,72 +334,47 @@ class DataPlane:
 
     # ---- receiving
 
-    def _receive_loop(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self.inbox_socket, zmq.POLLIN)
-        while not self._stop.is_set():
-            if not poller.poll(100):
-                continue
-            # take every message waiting, then poll again (a poll per message cost as much
-            # as decoding a small one)
-            while not self._stop.is_set():
-                try:
-                    frames = self.inbox_socket.recv_multipart(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    break
-                try:
-                    self._take(frames)
-                except Exception as exc:
-                    log.exception("a received message failed")
-                    self._reject(f"{type(exc).__name__}: {exc}")
-
     def _reject(self, reason: str) -> None:
         self.rejected += 1
         log.warning("rejected a message: %s", reason)
         if self.on_reject is not None:
             self.on_reject(reason)
 
-    def _take(self, frames: list[zmq.Frame]) -> None:
-        """Decode one message and hand it on (a probe answered, weights to the weight
-        store, anything else to the inbox); a bad one is rejected, and the loop goes on."""
+    def _decoded(self, frames: list[zmq.Frame]) -> Message | None:
+        """The message ``frames`` carry, from an admitted peer (None: rejected)."""
         user_id = str(frames[0].get("User-Id")) if frames else ""
         sender = self.authenticator.sender(user_id)
         if sender is None:  # admitted once, but no grant names its key any more
             self._reject(f"from {user_id}, a key this agent no longer admits")
-            return
+            return None
         try:
-            message = decode([f.buffer for f in frames], max_bytes=self.max_message_bytes,
-                             arrived_at=self.clock(), sender=sender)
+            return decode([f.buffer for f in frames], max_bytes=self.max_message_bytes,
+                          arrived_at=self.clock(), sender=sender)
         except TransportError as exc:
             self._reject(f"from {sender or 'an unknown peer'}: {exc}")
-            return
+            return None
+
+    def _is_side(self, message: Message) -> bool:
+        """A probe to answer, or weights for the agent's weight store (a replica to keep or a
+        fetch to answer), not for a stage."""
         name = message.header.name or ""
-        if message.header.kind == "probe" and name.startswith("ping:"):
-            self._answer_ping(name[5:], message)
-            return
-        if (message.header.kind == "weights" and self.on_weights is not None
-                and not name.startswith("fetched:")):
-            try:  # a replica to keep or a fetch to answer: the agent's weight store's
+        return ((message.header.kind == "probe" and name.startswith("ping:"))
+                or (message.header.kind == "weights" and self.on_weights is not None
+                    and not name.startswith("fetched:")))
+
+    def _on_side(self, message: Message) -> None:
+        """(The receiving thread.) Answer a probe, or hand weights to the weight store."""
+        name = message.header.name or ""
+        try:
+            if message.header.kind == "probe":
+                self._answer_ping(name[5:], message)
+            elif self.on_weights is not None:
                 self.on_weights(message)
-            except (TransportError, ValueError) as exc:
-                self._reject(f"weights {name!r} from {sender}: {exc}")
-            return
-        key = (message.header.run, message.header.kind, message.header.microbatch,
-               message.header.name)
-        with self._inbox_changed:
-            held = self._inbox.get(key)
-            size = message.nbytes - (0 if held is None else held.nbytes)
-            if held is None and len(self._inbox) >= self.max_pending:
-                full = f"{self.max_pending} messages"
-            elif self._inbox_bytes + size > self.max_pending_bytes:
-                full = f"{self.max_pending_bytes} bytes"
-            else:
-                self._inbox[key] = message
-                self._inbox_bytes += size
-                self._inbox_changed.notify_all()
-                return
-        self._reject(f"{message.header.kind} {message.header.microbatch} of run "
-                     f"{message.header.run} from {sender}: the inbox holds {full} already")
+        except (TransportError, ValueError) as exc:
+            self._reject(f"{message.header.kind} {name!r} from {message.sender}: {exc}")
+        except Exception as exc:
+            log.exception("a received message failed")
+            self._reject(f"{type(exc).__name__}: {exc}")
 
     def _answer_ping(self, sender: str, message: Message) -> None:
         header = message.header
@@ -457,38 +433,20 @@ class DataPlane:
                 cancelled: Callable[[], bool] | None = None) -> Message:
         """Wait for the message ``(run, kind, microbatch, name)``; raises TimeoutError after
         ``timeout_s`` or when ``cancelled()`` turns true."""
-        key = (run, kind, microbatch, name)
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        with self._inbox_changed:
-            while key not in self._inbox:
-                if cancelled is not None and cancelled():
-                    raise TimeoutError(f"cancelled while waiting for {kind} {microbatch}")
-                remaining = 0.2 if deadline is None else min(0.2, deadline - time.monotonic())
-                if remaining <= 0:
-                    raise TimeoutError(f"no {kind} for micro-batch {microbatch} within "
-                                       f"{timeout_s} s")
-                self._inbox_changed.wait(remaining)
-            message = self._inbox.pop(key)
-            self._inbox_bytes -= message.nbytes
-            return message
+        return self.inbox.take((run, kind, microbatch, name), timeout_s=timeout_s,
+                               cancelled=cancelled)
 
     def holds(self, run: int, kind: str, microbatch: int, *, name: str | None = None) -> bool:
         """Has the message ``(run, kind, microbatch, name)`` arrived (and not been taken)?"""
-        with self._inbox_changed:
-            return (run, kind, microbatch, name) in self._inbox
+        return self.inbox.holds((run, kind, microbatch, name))
 
     def discard(self, run: int) -> int:
         """Drop every received message of ``run`` (a halted generation's in-flight batches);
         returns how many."""
-        with self._inbox_changed:
-            stale = [k for k in self._inbox if k[0] == run]
-            for key in stale:
-                self._inbox_bytes -= self._inbox.pop(key).nbytes
-        return len(stale)
+        return self.inbox.discard(run)
 
     def pending(self) -> int:
-        with self._inbox_changed:
-            return len(self._inbox)
+        return self.inbox.pending()
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until everything queued so far has been sent (False on timeout)."""
@@ -500,10 +458,12 @@ class DataPlane:
         self._stop.set()
         self._outgoing.put(None)
         self._sender.join(timeout=5)
+        self.inbox.stop()
         self._receiver.join(timeout=5)
         with self._sending:
             for known in self._sockets.values():
                 known.close(linger=True)
         self.inbox_socket.close()
+        self.inbox.close()
         self.authenticator.stop()
         self.context.term()
