@@ -19,16 +19,17 @@ Reported per configuration, with the spread over pairs: samples/s in the steady 
 middle 60% of the last stage's completions) of each side and their ratio (measured side by
 side, pair by pair); the most any runtime could train on these cuts here ("bound":
 bench/bound.py, each stage's passes timed alone, sending free); CPU per micro-batch of each
-system while it trains (EdgePipe: the web server, the worker and the agents between the times
-a fifth and four fifths of the run's events were stored, read from the database every half
-second; torch: its ranks over the middle 60% of their batches), of which EdgePipe's web
-server; and the web server's cores per 1,000 timeline events a second, in that window and,
-"(run)", over the whole run, whose start and end do not grow with the events. The JSON line
-also holds each system's CPU over the whole run (``_run``: EdgePipe's from the run's start to
-its end, torch's over its training loop). The run's end is awaited in the database, not
-through the web server's API, whose polling a user's page does not do. Prints a table and,
-last, one JSON line. Runs on the embedded default, in a fresh var directory whose path it
-prints.
+system while it trains (EdgePipe: the web server, the worker and the agents between the
+times a fifth and four fifths of the run's events were stored, read from the database every
+half second; torch: its ranks over the middle 60% of their batches), of which EdgePipe's web
+server (each of EdgePipe's process groups' share is on each pair's line and in the JSON as
+``cpu_ms:<group>``); and the web server's cores per 1,000 timeline events a second, in that
+window and, "(run)", over the whole run, whose start and end do not grow with the events.
+The JSON line also holds each system's CPU over the whole run (``_run``: EdgePipe's from the
+run's start to its end, torch's over its training loop). The run's end is awaited in the
+database, not through the web server's API, whose polling a user's page does not do. Prints
+a table and, last, one JSON line. Runs on the embedded default, in a fresh var directory
+whose path it prints.
 """
 
 from __future__ import annotations
@@ -175,6 +176,7 @@ def steady_figures(samples: Sequence[Sample], *, events_per_microbatch: float,
     web_cores = used.get("web", 0.0) / span
     rate = stored / span
     return {"cpu_ms": 1e3 * sum(used.values()) / microbatches,
+            **{f"cpu_ms:{name}": 1e3 * cpu / microbatches for name, cpu in used.items()},
             "web_cpu_ms": 1e3 * used.get("web", 0.0) / microbatches,
             "events_per_s": rate, "web_cores": web_cores,
             "web_cores_per_1000_events_s": 1000 * web_cores / rate}
@@ -210,6 +212,7 @@ def pair_figures(ours: dict[str, Any], theirs: dict[str, Any], *, microbatches: 
     return {"ratio": ours["sps"] / theirs["sps"] if theirs["sps"] else 0.0,
             "edgepipe_sps": ours["sps"], "torch_sps": theirs["sps"],
             "edgepipe_cpu_ms": steady["cpu_ms"],
+            **{key: value for key, value in steady.items() if key.startswith("cpu_ms:")},
             "torch_cpu_ms": 1e3 * theirs["steady_cpu_s"] / MICROBATCHES,
             "web_cpu_ms": steady["web_cpu_ms"],
             "events_per_s": steady["events_per_s"],
@@ -248,7 +251,9 @@ def run_config(testbed: Any, spec: int, config: Config, *, pairs: int, batches: 
         figures.append(pair)
         say(f"  {config.label} pair {k + 1}: EdgePipe {pair['edgepipe_sps']:.0f} sps, torch "
             f"{pair['torch_sps']:.0f} sps ({pair['ratio']:.2f}x); CPU/micro-batch "
-            f"{pair['edgepipe_cpu_ms']:.2f} vs {pair['torch_cpu_ms']:.2f} ms")
+            f"{pair['edgepipe_cpu_ms']:.2f} vs {pair['torch_cpu_ms']:.2f} ms ("
+            + ", ".join(f"{key[7:]} {value:.2f}" for key, value in pair.items()
+                        if key.startswith("cpu_ms:")) + ")")
     times = timed_stages(config.model, cuts or ())
     bound_s = batch_bound_s(times, microbatches=MICROBATCHES, cores=os.cpu_count() or 1,
                             synchronous=config.schedule != "1f1b")
@@ -257,7 +262,7 @@ def run_config(testbed: Any, spec: int, config: Config, *, pairs: int, batches: 
             "cuts": [list(c) for c in cuts or ()], "pairs": figures,
             "stage_times_ms": [{k: 1e3 * v for k, v in asdict(t).items()} for t in times],
             "bound_sps": MICROBATCHES * BATCH_SIZE / bound_s,
-            **{key: spread([f[key] for f in figures]) for key in figures[0]}}
+            **{key: spread([f.get(key, 0.0) for f in figures]) for key in figures[0]}}
 
 
 def table(rows: Sequence[dict[str, Any]]) -> str:

@@ -108,12 +108,14 @@ def test_steady_throughput_leaves_out_fill_and_drain():
 def test_a_pairs_figures():
     ours = {"sps": 3000.0, "cpu_s": {"web": 1.0, "worker": 0.2, "agent-peer-0": 3.0},
             "events": 20_000, "makespan_s": 10.0,
-            "steady": {"cpu_ms": 4.5, "web_cpu_ms": 1.0, "events_per_s": 2000.0,
+            "steady": {"cpu_ms": 4.5, "cpu_ms:web": 1.0, "cpu_ms:agent-peer-0": 3.5,
+                       "web_cpu_ms": 1.0, "events_per_s": 2000.0,
                        "web_cores": 0.08, "web_cores_per_1000_events_s": 0.04}}
     theirs = {"sps": 2500.0, "cpu_s": 3.2, "steady_cpu_s": 0.024}
     pair = pair_figures(ours, theirs, microbatches=800)
     assert pair["ratio"] == pytest.approx(1.2)
     assert pair["edgepipe_cpu_ms"] == 4.5 and pair["web_cpu_ms"] == 1.0
+    assert pair["cpu_ms:agent-peer-0"] == 3.5
     assert pair["torch_cpu_ms"] == pytest.approx(3.0)  # 24 ms a batch of 8
     assert pair["web_cores_per_1000_events_s"] == 0.04
     assert pair["edgepipe_cpu_ms_run"] == pytest.approx(4200 / 800)
@@ -138,6 +140,9 @@ def test_the_steady_figures_leave_out_the_runs_start_and_end():
     assert steady["web_cores_per_1000_events_s"] == pytest.approx(0.1)
     assert steady["cpu_ms"] == pytest.approx(5.0)  # 0.5 cores over 100 micro-batches a second
     assert steady["web_cpu_ms"] == pytest.approx(1.0)
+    # each process group's share, which the pair's figures carry on
+    assert steady["cpu_ms:web"] == pytest.approx(1.0)
+    assert steady["cpu_ms:agent-peer-0"] == pytest.approx(4.0)
     assert steady_figures(samples[:2], events_per_microbatch=10.0)["cpu_ms"] == 0.0
 
 
