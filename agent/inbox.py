@@ -239,7 +239,7 @@ class Inbox:
                         if self._reader is None and not self._stopping:
                             self._reader = me
                             break
-                        if self._reader == self._background:
+                        if self._reader is not None and self._reader == self._background:
                             self._wake()
                         self._changed.wait(remaining)
                 try:
