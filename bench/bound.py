@@ -27,13 +27,14 @@ runtime, EdgePipe, torch or other, trains faster than it on these cuts and this 
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from bench.spawned import run_spawned
 
 
 @dataclass(frozen=True)
@@ -124,13 +125,6 @@ def stage_times(*, model: str, dataset: str, cuts: Sequence[Sequence[int]], micr
 def _timed_once(model: str, spec: str, timeout_s: float) -> list[StageTimes]:
     with tempfile.TemporaryDirectory(prefix="edgepipe-bound-") as scratch:
         out = Path(scratch) / "times.json"
-        process = multiprocessing.get_context("spawn").Process(
-            target=_measure_main, args=(spec, str(out)), name="stage-times")
-        process.start()
-        process.join(timeout_s)
-        if process.is_alive():
-            process.kill()
-            raise RuntimeError(f"timing the stages of {model} took over {timeout_s:.0f} s")
-        if process.exitcode != 0:
-            raise RuntimeError(f"timing the stages of {model} failed (exit {process.exitcode})")
+        run_spawned([("stage-times", _measure_main, (spec, str(out)))], timeout_s=timeout_s,
+                    what=f"timing the stages of {model}")
         return [StageTimes(**t) for t in json.loads(out.read_text())]

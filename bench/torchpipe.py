@@ -17,7 +17,6 @@ directory the parent reads: nothing crosses between the processes as pickle.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import socket
 import tempfile
@@ -26,6 +25,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from bench.spawned import run_spawned
 
 TORCH_SCHEDULES = {"1f1b-sync": "Schedule1F1B", "gpipe": "ScheduleGPipe"}
 
@@ -152,28 +153,14 @@ def train_torch(run: TorchRun, *, weights_dir: Path | None = None,
     if len(run.cuts) < 2:
         raise ValueError("torch's pipeline schedules need at least two stages")
     world = len(run.cuts)
-    context = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="torchpipe-") as scratch:
         out = Path(weights_dir) if weights_dir is not None else Path(scratch)
         out.mkdir(parents=True, exist_ok=True)
         port = _free_port()
         run_json = json.dumps(asdict(run))
-        ranks = [context.Process(target=_rank_main, name=f"torchpipe-{r}",
-                                 args=(r, world, port, run_json, str(out),
-                                       weights_dir is not None))
-                 for r in range(world)]
-        for process in ranks:
-            process.start()
-        deadline = time.monotonic() + timeout_s
-        for process in ranks:
-            process.join(max(0.0, deadline - time.monotonic()))
-        if any(p.is_alive() for p in ranks):
-            for p in ranks:
-                p.kill()
-            raise RuntimeError(f"torch's pipeline did not finish in {timeout_s:.0f} s")
-        failed = [p.name for p in ranks if p.exitcode != 0]
-        if failed:
-            raise RuntimeError(f"torch's pipeline failed: {', '.join(failed)} exited non-zero")
+        run_spawned([(f"torchpipe-{r}", _rank_main,
+                      (r, world, port, run_json, str(out), weights_dir is not None))
+                     for r in range(world)], timeout_s=timeout_s, what="torch's pipeline")
         measured: list[dict[str, Any]] = [json.loads((out / f"rank{r}.json").read_text())
                                           for r in range(world)]
     return TorchResult(batch_ends_s=tuple(measured[-1]["ends"]),
