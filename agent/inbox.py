@@ -170,8 +170,10 @@ class Inbox:
                                and idle_s >= GRACE_S)
                     if reading or self._side:
                         break
-                    self._serve.wait(max(GRACE_S - idle_s, 0.001) if not self._wanted
-                                     else READ_POLL_S)
+                    # while a stage reads, look again each GRACE_S (not each READ_POLL_S: a
+                    # message that came after the stages stopped waited that long unread)
+                    self._serve.wait(GRACE_S if self._wanted
+                                     else max(GRACE_S - idle_s, 0.001))
                 side, self._side = self._side, []
                 if reading:
                     self._reader, self._woken = me, False

@@ -220,3 +220,19 @@ def test_a_cancel_check_may_ask_the_inbox(harness: Harness) -> None:
     harness.send("activation", 3)
     stage.join(timeout=10)
     assert done and done[0].header.microbatch == 3
+
+
+def test_the_background_thread_reads_soon_after_the_stages_stop(
+        monkeypatch: pytest.MonkeyPatch, harness: Harness) -> None:
+    """Once no stage waits, a message is read within about GRACE_S: the background thread
+    looked again only each READ_POLL_S while a stage read, so one that came right after the
+    stages stopped sat unread (and unstamped) that long."""
+    monkeypatch.setattr(inbox_module, "READ_POLL_S", 30.0)
+    monkeypatch.setattr(inbox_module, "GRACE_S", 0.05)
+    stage, got = waiting_stage(harness, 2)
+    harness.send("activation", 2)
+    stage.join(timeout=10)
+    assert got
+    harness.send("gradient", 2)  # nobody waits for it
+    wait_until(lambda: ("gradient", 2) in harness.readers, timeout_s=15)
+    assert harness.readers[("gradient", 2)] == harness.inbox._background
