@@ -4,7 +4,7 @@ The socket is read by whichever thread waits (leader/follower): a stage waiting 
 that has not come reads the socket itself, so a message wakes the thread that needs it
 straight from ZeroMQ's I/O thread. A hand-off through a receiving thread cost a thread wake-up
 on every message: a 16 KB message's round trip between two agents on this machine took
-575-660 us that way, 415-450 us read by the waiting stage (raw ZeroMQ with CURVE: 180;
+565-608 us that way, 428-472 us read by the waiting stage (bare ZeroMQ with CURVE: 176-197;
 bench/pingpong.py, docs/benchmarks.md).
 
 The background thread (:meth:`serve`) reads only once no stage has read for ``GRACE_S``:

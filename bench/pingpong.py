@@ -24,11 +24,14 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.testbed import free_port  # noqa: E402  (the path above makes it importable)
+
 SIDES = ("dataplane", "zmq", "gloo")
 
 
 def _dataplane(rank: int, trips: int, size: int, addresses: Any, peers: Any, out: Any) -> None:
-    sys.path.insert(0, str(ROOT))
     import torch
 
     from agent.transport import DataPlane
@@ -99,15 +102,7 @@ def _gloo(rank: int, trips: int, size: int, addresses: Any, peers: Any, out: Any
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    if rank == 0:
-        import socket
-
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        addresses.put((0, port, b""))
-    else:
-        port = peers.get()[1]
+    port = peers.get()[1]  # the parent chose it
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=2)
     tensor, received = torch.zeros(size // 4), torch.empty(size // 4)
@@ -135,8 +130,10 @@ def round_trips(side: str, *, trips: int, size: int) -> list[float]:
                  for r in (0, 1)]
     for process in processes:
         process.start()
-    if side == "gloo":  # rank 0 chose the port
-        peers[1].put(addresses.get(timeout=60))
+    if side == "gloo":  # both ranks meet at a port the parent chose
+        port = free_port()
+        for queue in peers:
+            queue.put((0, port, b""))
     else:
         first, second = addresses.get(timeout=60), addresses.get(timeout=60)
         by_rank = {first[0]: first, second[0]: second}

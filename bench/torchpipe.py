@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import tempfile
 import time
 from collections.abc import Sequence
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.spawned import run_spawned
+from bench.testbed import free_port
 
 TORCH_SCHEDULES = {"1f1b-sync": "Schedule1F1B", "gpipe": "ScheduleGPipe"}
 
@@ -77,12 +77,6 @@ def steady_sps(ends: Sequence[float], samples_per_end: int, skip: float = 0.2) -
     if final - first < 1 or ends[final] <= ends[first]:
         return 0.0
     return (final - first) * samples_per_end / (ends[final] - ends[first])
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _rank_main(rank: int, world: int, port: int, run_json: str, out: str, save: bool) -> None:
@@ -156,7 +150,7 @@ def train_torch(run: TorchRun, *, weights_dir: Path | None = None,
     with tempfile.TemporaryDirectory(prefix="torchpipe-") as scratch:
         out = Path(weights_dir) if weights_dir is not None else Path(scratch)
         out.mkdir(parents=True, exist_ok=True)
-        port = _free_port()
+        port = free_port()
         run_json = json.dumps(asdict(run))
         run_spawned([(f"torchpipe-{r}", _rank_main,
                       (r, world, port, run_json, str(out), weights_dir is not None))
