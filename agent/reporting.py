@@ -1,8 +1,8 @@
 """What this agent's stages produce, batched for the server: timeline events and metric points
 kept per run as they happen (from the stages' threads and the data plane's), and moved into
-the connection's outbox as one ``events`` message per run at each flush, with the rates
-measured over each second (samples per second through the last stage, bytes per second
-sent)."""
+the connection's outbox as one ``events`` message per run at each flush (in columns:
+orchestrator.eventcolumns), with the rates measured over each second (samples per
+second through the last stage, bytes per second sent)."""
 
 from __future__ import annotations
 
@@ -14,14 +14,16 @@ from collections.abc import Callable
 from agent.deployments import Deployment, Deployments
 from agent.executor import Metric
 from agent.transport import SendRecord
+from orchestrator.eventcolumns import metric_columns, to_columns
 from orchestrator.events import TimelineEvent
 from orchestrator.protocol import Events, Message, MetricSample
 
 log = logging.getLogger("edgepipe.agent")
 
 RATE_WINDOW_S = 1.0
-# timeline events (and metric points) in one events message: about 200 bytes each as JSON, so a
-# message stays well under the 1 MiB the web server takes in one WebSocket message
+# timeline events (and metric points) in one events message: a metric point takes about 200
+# bytes as JSON, an event in columns about 50, so a message stays well under the 1 MiB the web
+# server takes in one WebSocket message
 MAX_EVENTS_PER_MESSAGE = 2000
 
 
@@ -36,8 +38,8 @@ class Reporter:
         self._lock = threading.Lock()  # the stages take it for every event: held briefly
         self._flushing = threading.Lock()  # one flush at a time: batches keep their order
         self._timeline: dict[int, list[TimelineEvent]] = {}
-        # the stages' metrics as they report them; MetricSample records (checked as they are
-        # built) are made at the flush, off the stages' threads
+        # the stages' metrics as they report them, put in columns at the flush, off the
+        # stages' threads (the server reads each point as a MetricSample)
         self._metrics: dict[int, list[Metric]] = {}
         # the deployment each (run, message tag) was last sent for: on_send runs for every
         # message a stage sends, on the stage's thread
@@ -85,17 +87,18 @@ class Reporter:
                 taken = [(run, self._timeline.pop(run, []), self._metrics.pop(run, []))
                          for run in sorted(set(self._timeline) | set(self._metrics))]
             for run, timeline, reported in taken:
-                metrics = [MetricSample(at=m.at, kind=m.name, device=self.uid, value=m.value)
-                           for m in reported]
-                metrics += self._rates(run, timeline, now)
+                metrics = [(m.at, m.name, self.uid, m.value) for m in reported]
+                metrics += [(p.at, p.kind, p.device, p.value)
+                            for p in self._rates(run, timeline, now)]
                 # a backlog (kept while the server was away) goes in messages of a bounded
                 # size: as one, it exceeded the server's 1 MiB a WebSocket message and the
                 # server closed the connection at each reconnect until the run was lost
                 for first in range(0, max(len(timeline), len(metrics)), MAX_EVENTS_PER_MESSAGE):
                     last = first + MAX_EVENTS_PER_MESSAGE
-                    self.post(Events(run=run,
-                                     timeline=tuple(e.to_json() for e in timeline[first:last]),
-                                     metrics=tuple(m.to_json() for m in metrics[first:last])))
+                    events, points = timeline[first:last], metrics[first:last]
+                    self.post(Events(
+                        run=run, timeline_columns=to_columns(events) if events else None,
+                        metrics_columns=metric_columns(points) if points else None))
 
     def _rates(self, run: int, timeline: list[TimelineEvent], now: float
                ) -> list[MetricSample]:

@@ -158,15 +158,18 @@ class SimAgent(Socket):
                 continue
             owed, seq, now = owed - count, seq + 1, time.time()
             clock = now - spec["started_at"]  # the run's clock: seconds since it started
-            timeline = [{"run": spec["run"], "device": spec["uid"], "stage": spec["stage"],
-                         "kind": ("forward", "backward")[(microbatch + j) % 2],
-                         "microbatch": microbatch + j, "version": 0, "start": clock - 1e-4,
-                         "end": clock, "bytes": 0} for j in range(count)]
+            # in columns, as agents send them (orchestrator.eventcolumns)
+            columns = {"stage": [spec["stage"]] * count,
+                       "kind": [("forward", "backward")[(microbatch + j) % 2]
+                                for j in range(count)],
+                       "microbatch": list(range(microbatch, microbatch + count)),
+                       "version": [0] * count, "start": [clock - 1e-4] * count,
+                       "end": [clock] * count}
             microbatch += count
             self.batches[seq] = now
             self.counts["events"] += count
             await self.ws.send(json.dumps({"type": "events", "run": spec["run"],
-                                           "timeline": timeline, "stream": stream,
+                                           "timeline_columns": columns, "stream": stream,
                                            "seq": seq}))
 
 

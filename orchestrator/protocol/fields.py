@@ -25,6 +25,7 @@ MAX_PEERS = 1024
 MAX_RESOURCES = 8
 MAX_LAYER = 10**6
 MAX_DEPTH = 64  # levels of arrays and objects in one message
+_SCALAR_TYPES = frozenset((str, int, float, bool, type(None)))
 
 
 class ProtocolError(ValueError):
@@ -244,6 +245,20 @@ def json_object(*, maximum: int = 256) -> Reader:
     return read
 
 
+def json_columns(*, maximum: int, length: int) -> Reader:
+    """A JSON object of at most ``maximum`` arrays of at most ``length`` items each, whose
+    contents another format checks (timeline events in columns: orchestrator.eventcolumns)."""
+    def read(raw: Any, name: str) -> dict[str, list[Any]]:
+        if not isinstance(raw, dict) or len(raw) > maximum:
+            raise fail(name, f"must be a JSON object of at most {maximum} columns")
+        for key, column in raw.items():
+            if not isinstance(column, list) or len(column) > length:
+                raise fail(f"{name}.{key}", f"must be a JSON array of at most {length} items")
+        columns: dict[str, list[Any]] = raw
+        return columns
+    return read
+
+
 def json_deeper_than(value: Any, limit: int) -> bool:
     """Whether ``value`` nests arrays and objects more than ``limit`` levels deep (a scalar is
     0 levels, ``[]`` or ``{}`` one). Walked without recursion, so any value can be measured."""
@@ -254,6 +269,8 @@ def json_deeper_than(value: Any, limit: int) -> bool:
         depth += 1
         if depth > limit:
             return True
+        if _SCALAR_TYPES.issuperset(map(type, children)):
+            continue  # a column of numbers, say: no item by item walk in Python
         stack.extend((c, depth) for c in children if isinstance(c, (dict, list)))
     return False
 

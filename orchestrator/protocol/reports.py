@@ -23,6 +23,7 @@ from orchestrator.protocol.fields import (
     flag,
     integer,
     items,
+    json_columns,
     json_document,
     json_object,
     mapping,
@@ -89,17 +90,24 @@ class Heartbeat(Message):
 class Events(Message):
     """What a run's stages here produced since the last batch. Timeline and fault events are
     JSON objects the shared event schemas check (orchestrator.events), naming the field;
-    metric points are JSON objects the server reads one by one as :class:`MetricSample`
-    (one it cannot take, a NaN loss say, is refused alone and said in ``stored``)."""
+    ``timeline_columns`` holds more of the device's own timeline events in columns
+    (orchestrator.eventcolumns: what agents send), after ``timeline``'s. Metric points are
+    JSON objects the server reads one by one as :class:`MetricSample` (one it cannot take, a
+    NaN loss say, is refused alone and said in ``stored``); ``metrics_columns`` holds more of
+    them in columns, after ``metrics``'."""
 
     TYPE = "events"
     run: int = wire(integer())
     timeline: tuple[Mapping[str, Any], ...] = wire(
         items(json_object(maximum=16), maximum=MAX_EVENTS), ())
+    timeline_columns: Mapping[str, list[Any]] | None = wire(
+        json_columns(maximum=16, length=MAX_EVENTS), None)
     faults: tuple[Mapping[str, Any], ...] = wire(
         items(json_object(maximum=16), maximum=MAX_EVENTS), ())
     metrics: tuple[Mapping[str, Any], ...] = wire(
         items(json_object(maximum=8), maximum=MAX_EVENTS), ())
+    metrics_columns: Mapping[str, list[Any]] | None = wire(
+        json_columns(maximum=8, length=MAX_EVENTS), None)
     # this batch's number in the agent's stream (a random id per agent process): the agent
     # sends a batch again when the connection closed before its ``stored``, and the server
     # stores a (stream, seq) once

@@ -1,6 +1,7 @@
 """agent.reporting.Reporter: a send becomes a ``send`` event of the stage that sent it (found
 once per run and tag, found again when that stage is replaced), and metrics become metric
-samples at the flush, the non-finite ones left out."""
+samples at the flush, the non-finite ones left out; both go in columns, read back here as the
+server reads them."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from agent.executor import Clock, Metric
 from agent.reporting import Reporter
 from agent.transport import SendRecord
 from agent.wire import Header
+from orchestrator.eventcolumns import parse_columns, parse_metric_columns
 from orchestrator.protocol import Events, Message, StageSpec
 
 
@@ -34,6 +36,23 @@ def sent(microbatch: int, name: str, start: float) -> SendRecord:
     return SendRecord(peer="edge-b", header=header, nbytes=8, start=start, end=start + 0.5)
 
 
+def timeline(batch: Events) -> list[dict[str, Any]]:
+    """The batch's timeline events, read back from their columns as the server reads them."""
+    if batch.timeline_columns is None:
+        return []
+    return [e.to_json() for e in parse_columns(batch.timeline_columns, run=batch.run,
+                                               device="edge-a")]
+
+
+def points(batch: Events) -> list[dict[str, Any]]:
+    """The batch's metric points, read back from their columns as the server reads them."""
+    if batch.metrics_columns is None:
+        return []
+    kept, refused = parse_metric_columns(batch.metrics_columns)
+    assert not refused
+    return kept
+
+
 def flushed(reporter: Reporter, posted: list[Message]) -> Events:
     reporter.flush()
     [batch] = posted
@@ -52,7 +71,7 @@ def test_a_send_is_an_event_of_the_stage_that_sent_it_even_after_a_replacement()
 
     reporter.on_send(sent(0, "g0", start=101.0))
     reporter.on_send(sent(1, "g0:x", start=102.0))
-    events = flushed(reporter, posted).timeline
+    events = timeline(flushed(reporter, posted))
     assert [(e["kind"], e["stage"], e["microbatch"], e["start"]) for e in events] == [
         ("send", 0, 0, 1.0), ("send", 0, 1, 2.0)]
 
@@ -60,11 +79,11 @@ def test_a_send_is_an_event_of_the_stage_that_sent_it_even_after_a_replacement()
     deployments.remove(first)
     deployments.add(deployment(0, started_at=200.0))
     reporter.on_send(sent(2, "g0", start=201.0))
-    assert [e["start"] for e in flushed(reporter, posted).timeline] == [1.0]
+    assert [e["start"] for e in timeline(flushed(reporter, posted))] == [1.0]
 
     # a name that is no stage's tag goes to the run's first stage here, and is not kept
     reporter.on_send(sent(3, "chain:7", start=203.0))
-    assert [e["microbatch"] for e in flushed(reporter, posted).timeline] == [3]
+    assert [e["microbatch"] for e in timeline(flushed(reporter, posted))] == [3]
 
     # a run no longer held here: nothing
     deployments.remove(deployments.of_run(7)[0])
@@ -82,7 +101,7 @@ def test_metrics_become_samples_at_the_flush_without_the_non_finite_ones() -> No
     reporter.metric(7, Metric("loss", 2.5, 3, 1.25))
     reporter.metric(7, Metric("loss", float("nan"), 4, 1.5))
     reporter.metric(7, Metric("accuracy", 0.5, 3, float("inf")))
-    samples = flushed(reporter, posted).metrics
+    samples = points(flushed(reporter, posted))
     assert [(s["kind"], s["value"], s["at"], s["device"]) for s in samples] == [
         ("loss", 2.5, 1.25, "edge-a")]
 
@@ -107,7 +126,7 @@ def test_a_backlog_goes_to_the_server_in_messages_it_accepts() -> None:
     reporter.flush()
     assert len(posted) == 6 and all(isinstance(p, Events) for p in posted)
     batches = [p for p in posted if isinstance(p, Events)]
-    assert [e["microbatch"] for b in batches for e in b.timeline] == list(
+    assert [e["microbatch"] for b in batches for e in timeline(b)] == list(
         range(5 * MAX_EVENTS_PER_MESSAGE + 7))  # every one, in order
-    assert sum(len(b.metrics) for b in batches) == 5 * MAX_EVENTS_PER_MESSAGE + 7
+    assert sum(len(points(b)) for b in batches) == 5 * MAX_EVENTS_PER_MESSAGE + 7
     assert max(len(json.dumps(b.to_json())) for b in batches) < 2**20

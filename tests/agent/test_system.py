@@ -17,8 +17,8 @@ from agent.deployments import Deployments
 from agent.executor import Metric
 from agent.reporting import Reporter
 from agent.system import SystemMonitor, SystemSample, SystemSampler, hottest_temperature
-from orchestrator.protocol import SYSTEM_METRICS, Events, Message, MetricSample
-from tests.agent.test_reporting import deployment
+from orchestrator.protocol import SYSTEM_METRICS, Events, Message
+from tests.agent.test_reporting import deployment, points
 
 # psutil's own record of a reading
 shwtemp = namedtuple("shwtemp", ["label", "current", "high", "critical"])
@@ -164,8 +164,7 @@ def test_readings_reach_the_server_as_metric_points_it_takes() -> None:
 
     [batch] = posted
     assert isinstance(batch, Events) and batch.run == 7
-    read = MetricSample.reader()
-    points = [read(p, f"metrics[{i}]") for i, p in enumerate(batch.metrics)]
-    assert {p.kind for p in points} >= {"cpu_pct", "proc_cpu_pct", "proc_rss_bytes",
-                                        "mem_used_bytes", "mem_total_bytes"}
-    assert {p.device for p in points} == {"edge-a"}
+    read = points(batch)  # as the server reads them: none refused
+    assert {p["kind"] for p in read} >= {"cpu_pct", "proc_cpu_pct", "proc_rss_bytes",
+                                         "mem_used_bytes", "mem_total_bytes"}
+    assert {p["device"] for p in read} == {"edge-a"}

@@ -13,6 +13,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from orchestrator.errors import FormatError
+from orchestrator.eventcolumns import column_count, parse_metric_columns
 from orchestrator.protocol import (
     Ack,
     DeployCommand,
@@ -135,15 +137,29 @@ def _heartbeat(device: Device, message: Heartbeat) -> Reply:
 def _events(device: Device, message: Events) -> Reply:
     run = _run_of(device, message.run)
     stored = run_services.run_events_store(
-        run=run, device=device, timeline=list(message.timeline), faults=list(message.faults),
-        metrics=list(message.metrics), stream=message.stream, seq=message.seq)
-    _repartition_check(run, message.timeline)
+        run=run, device=device, timeline=list(message.timeline),
+        timeline_columns=_columns_of([message]), faults=list(message.faults),
+        metrics=list(message.metrics), metrics_columns=_metric_columns_of([message]),
+        stream=message.stream, seq=message.seq)
+    _repartition_check(run, [message])
     return Stored(run=run.pk, seq=message.seq, **stored)
 
 
-def _repartition_check(run: Run, timeline: Sequence[Mapping[str, Any]]) -> None:
-    updates = [m for e in timeline
+def _columns_of(batches: Sequence[Events]) -> list[Mapping[str, Any]]:
+    return [b.timeline_columns for b in batches if b.timeline_columns is not None]
+
+
+def _metric_columns_of(batches: Sequence[Events]) -> list[Mapping[str, Any]]:
+    return [b.metrics_columns for b in batches if b.metrics_columns is not None]
+
+
+def _repartition_check(run: Run, batches: Sequence[Events]) -> None:
+    """(After the batches were stored, so read.) The newest update they report, if any."""
+    updates = [m for b in batches for e in b.timeline
                if e.get("kind") == "update" and isinstance(m := e.get("microbatch"), int)]
+    updates += [m for columns in _columns_of(batches)
+                for kind, m in zip(columns["kind"], columns["microbatch"], strict=True)
+                if kind == "update"]
     if updates:  # the dynamic re-partition's clock: how far training has got
         recovery.run_repartition_check(run_id=run.pk, progress=max(updates), seen=run)
 
@@ -189,7 +205,10 @@ def _mergeable(raw: Any) -> Events | None:
         read = MetricSample.reader()
         for i, point in enumerate(message.metrics):
             read(point, f"metrics[{i}]")
-    except ProtocolError:
+        if message.metrics_columns is not None and parse_metric_columns(
+                message.metrics_columns)[1]:
+            return None
+    except (ProtocolError, FormatError):
         return None
     return message
 
@@ -197,7 +216,15 @@ def _mergeable(raw: Any) -> Events | None:
 def _size(message: Events | None) -> int:
     if message is None:
         return MERGED_EVENTS_MAX
-    return len(message.timeline) + len(message.faults) + len(message.metrics)
+    return _timeline_count(message) + len(message.faults) + _metrics_count(message)
+
+
+def _timeline_count(message: Events) -> int:
+    return len(message.timeline) + column_count(message.timeline_columns)
+
+
+def _metrics_count(message: Events) -> int:
+    return len(message.metrics) + column_count(message.metrics_columns)
 
 
 def _answer(device_id: int, message: Any) -> Answer:
@@ -225,15 +252,17 @@ def _events_together(device_id: int, batches: list[Events]) -> list[Answer]:
                 run_services.run_events_store_locked(
                     run=run, device=device, member=member,
                     timeline=[e for b in fresh for e in b.timeline],
+                    timeline_columns=_columns_of(fresh),
                     faults=[f for b in fresh for f in b.faults],
                     metrics=[dict(p) for b in fresh for p in b.metrics],
+                    metrics_columns=_metric_columns_of(fresh),
                     stream=fresh[-1].stream, seq=fresh[-1].seq)
     except Exception:
         return [_answer(device_id, b) for b in batches]
-    _repartition_check(run, [e for b in fresh for e in b.timeline])
+    _repartition_check(run, fresh)
     stored = {id(b) for b in fresh}
-    return [Stored(run=run.pk, seq=b.seq, timeline=len(b.timeline), faults=len(b.faults),
-                   metrics=len(b.metrics)) if id(b) in stored
+    return [Stored(run=run.pk, seq=b.seq, timeline=_timeline_count(b), faults=len(b.faults),
+                   metrics=_metrics_count(b)) if id(b) in stored
             else Stored(run=run.pk, seq=b.seq, timeline=0, faults=0, metrics=0)
             for b in batches]
 

@@ -15,12 +15,15 @@ from django.db import connection
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
+from orchestrator.eventcolumns import to_columns
+from orchestrator.events import parse_event
 from tests.webapp.factories import DATA_KEY, DeviceFactory, ModelSpecFactory, RunFactory
 from webapp.asgi import application
 from webapp.common.exceptions import InvalidInput
 from webapp.devices.models import Device
 from webapp.gateway import services
-from webapp.runs.models import Run, RunDevice, TimelineEvent
+from webapp.runs import recovery
+from webapp.runs.models import MetricPoint, Run, RunDevice, TimelineEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -96,6 +99,70 @@ def test_a_bad_batch_among_them_is_refused_alone() -> None:
     assert (answers[2].seq, answers[2].timeline) == (3, 3)
     assert isinstance(answers[3], InvalidInput)
     assert TimelineEvent.objects.filter(run=run).count() == 6
+
+
+def in_columns(message: dict[str, Any]) -> dict[str, Any]:
+    """``message`` with its timeline in columns, as agents send it (orchestrator.eventcolumns)."""
+    rows = message.pop("timeline")
+    columns = to_columns([parse_event(e) for e in rows])
+    return {**message, "timeline_columns": columns}
+
+
+def test_batches_in_columns_are_stored_together_as_the_device_s_events() -> None:
+    # Prepare: batches in columns, one as objects among them, one with an update
+    run, (device, _) = running()
+    messages = [in_columns(batch(run, device, 1)), batch(run, device, 2),
+                in_columns(batch(run, device, 3))]
+    messages[2]["timeline_columns"]["kind"][2] = "update"
+    checked: list[int] = []
+    original = recovery.run_repartition_check
+
+    def check(*, run_id: int, progress: int, seen: Any = None) -> None:
+        checked.append(progress)
+        original(run_id=run_id, progress=progress, seen=seen)
+
+    # Execute
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(recovery, "run_repartition_check", check)
+        answers = services.agent_events(device_id=device.pk, messages=messages)
+
+    # Assert: every event stored as the device's, each batch answered with its count, and the
+    # update in columns moved the dynamic re-partition's clock
+    assert [(a.seq, a.timeline) for a in answers] == [(1, 3), (2, 3), (3, 3)]
+    stored = TimelineEvent.objects.filter(run=run).order_by("microbatch")
+    assert [(e.device, e.microbatch, e.kind) for e in stored] == [
+        (device.uid, m, "update" if m == 8 else "forward") for m in range(9)]
+    assert checked == [8]
+
+
+def test_a_bad_column_is_refused_naming_its_item_and_the_others_are_stored() -> None:
+    run, (device, _) = running()
+    bad = in_columns(batch(run, device, 2))
+    bad["timeline_columns"]["end"][1] = 0.5  # before its start
+    answers = services.agent_events(device_id=device.pk, messages=[
+        in_columns(batch(run, device, 1)), bad, in_columns(batch(run, device, 3))])
+    assert isinstance(answers[1], InvalidInput)
+    assert answers[1].errors[0].field == "timeline_columns.end[1]"
+    assert [(a.seq, a.timeline) for a in (answers[0], answers[2])] == [(1, 3), (3, 3)]
+    assert TimelineEvent.objects.filter(run=run).count() == 6
+
+
+def test_metric_points_in_columns_are_stored_and_a_bad_one_refused_alone() -> None:
+    run, (device, _) = running()
+    points = {"at": [1.0, 1.1], "kind": ["loss", "accuracy"], "device": [device.uid] * 2,
+              "value": [2.5, 0.25]}
+    bad = {**points, "value": [float("nan"), 0.5]}
+    answers = services.agent_events(device_id=device.pk, messages=[
+        in_columns(batch(run, device, 1, metrics_columns=points)),
+        in_columns(batch(run, device, 2, metrics_columns=points)),
+        in_columns(batch(run, device, 3, metrics_columns=bad))])
+    assert [(a.seq, a.timeline, a.metrics) for a in answers] == [(1, 3, 2), (2, 3, 2),
+                                                                 (3, 3, 1)]
+    assert [r["field"] for r in answers[2].refused] == ["metrics_columns.value[0]"]
+    stored = MetricPoint.objects.filter(run=run).order_by("pk")
+    assert [(p.kind, p.value, p.device) for p in stored] == [
+        ("loss", 2.5, device.uid), ("accuracy", 0.25, device.uid)] * 2 + [
+        ("accuracy", 0.5, device.uid)]
 
 
 def test_a_refused_metric_point_is_answered_on_its_own_batch() -> None:

@@ -12,6 +12,7 @@ from django.core.cache import cache
 from django.db import connection, models, transaction
 
 from orchestrator.errors import FormatError
+from orchestrator.eventcolumns import parse_columns, parse_metric_columns
 from orchestrator.events import FaultEvent as FaultRecord
 from orchestrator.events import TimelineEvent as TimelineRecord
 from orchestrator.events import parse_event, parse_fault
@@ -107,10 +108,13 @@ def _parsed(items: Sequence[Any], field: str, parse: Any, run: Run) -> list[Any]
     return out
 
 
-def _metric_points(metrics: Sequence[Any]) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+def _metric_points(metrics: Sequence[Any], columns: Sequence[Any] = ()
+                   ) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
     """The metric points that read as MetricSample, and {field, reason} for each one that does
     not: one point the database cannot hold (a NaN loss; SQLite stores NaN as NULL) is refused
-    alone, where it failed the whole batch, timeline events included."""
+    alone, where it failed the whole batch, timeline events included. ``columns``: more
+    points, in orchestrator.eventcolumns' columns (columns that are not columns refuse the
+    batch)."""
     kept, refused = [], []
     read = MetricSample.reader()
     for i, raw in enumerate(metrics):
@@ -118,6 +122,13 @@ def _metric_points(metrics: Sequence[Any]) -> tuple[list[dict[str, Any]], list[d
             kept.append(read(raw, f"metrics[{i}]").to_json())
         except ProtocolError as exc:
             refused.append({"field": exc.field or f"metrics[{i}]", "reason": exc.reason})
+    for raw in columns:
+        try:
+            points, refusals = parse_metric_columns(raw, file="metrics_columns")
+        except FormatError as exc:
+            raise InvalidInput(exc.field, exc.reason) from None
+        kept += points
+        refused += refusals
     if refused:
         log.warning("refused %d metric point(s): %s: %s", len(refused), refused[0]["field"],
                     refused[0]["reason"])
@@ -147,12 +158,16 @@ def _idle_due(run_id: int) -> bool:
 
 @transaction.atomic
 def run_events_store(*, run: Run, device: Device, timeline: Sequence[Any] = (),
-                     faults: Sequence[Any] = (), metrics: Sequence[dict[str, Any]] = (),
+                     timeline_columns: Sequence[Any] = (), faults: Sequence[Any] = (),
+                     metrics: Sequence[dict[str, Any]] = (), metrics_columns: Sequence[Any] = (),
                      stream: str | None = None, seq: int | None = None) -> dict[str, Any]:
-    """Store a batch an agent reports for a run it belongs to: timeline events (its own),
-    fault events and metric points. Validated whole before anything is stored (metric points
-    one by one). A batch numbered ``seq`` in the agent's ``stream`` is stored once: the
-    same batch again (sent anew after a reconnect) stores nothing."""
+    """Store a batch an agent reports for a run it belongs to: timeline events (its own, as
+    objects in ``timeline`` and then in ``timeline_columns``, each an
+    orchestrator.eventcolumns object), fault events and metric points (in ``metrics`` and
+    then in ``metrics_columns``). Validated whole before anything is stored (metric points
+    one by one). A batch numbered ``seq`` in the agent's
+    ``stream`` is stored once: the same batch again (sent anew after a reconnect) stores
+    nothing."""
     _check_active(run)
     member = None
     if stream is not None and seq is not None:
@@ -160,7 +175,9 @@ def run_events_store(*, run: Run, device: Device, timeline: Sequence[Any] = (),
         if member is not None and member.events_stream == stream and seq <= member.events_seq:
             return {"timeline": 0, "faults": 0, "metrics": 0, "refused": []}
     return run_events_store_locked(run=run, device=device, member=member, timeline=timeline,
-                                   faults=faults, metrics=metrics, stream=stream, seq=seq)
+                                   timeline_columns=timeline_columns, faults=faults,
+                                   metrics=metrics, metrics_columns=metrics_columns,
+                                   stream=stream, seq=seq)
 
 
 def _check_active(run: Run) -> None:
@@ -170,8 +187,9 @@ def _check_active(run: Run) -> None:
 
 
 def run_events_store_locked(*, run: Run, device: Device, member: RunDevice | None,
-                            timeline: Sequence[Any] = (), faults: Sequence[Any] = (),
-                            metrics: Sequence[dict[str, Any]] = (), stream: str | None = None,
+                            timeline: Sequence[Any] = (), timeline_columns: Sequence[Any] = (),
+                            faults: Sequence[Any] = (), metrics: Sequence[dict[str, Any]] = (),
+                            metrics_columns: Sequence[Any] = (), stream: str | None = None,
                             seq: int | None = None) -> dict[str, Any]:
     """(In a transaction.) :func:`run_events_store` for a caller that holds the device's
     membership locked already (``member``, from :func:`run_member_lock`) and has skipped what
@@ -183,13 +201,19 @@ def run_events_store_locked(*, run: Run, device: Device, member: RunDevice | Non
         if record.device != device.uid:
             raise InvalidInput(f"timeline[{i}].device", f"is {record.device!r} but this device "
                                                         f"is {device.uid!r}")
+    for columns in timeline_columns:
+        try:
+            records += parse_columns(columns, run=run.pk, device=device.uid,
+                                     limits=COLUMN_LIMITS, file="timeline_columns")
+        except FormatError as exc:
+            raise InvalidInput(exc.field, exc.reason) from None
     faults_parsed = _parsed(faults, "faults", parse_fault, run)
     # each store only when there is something to store: most batches carry no faults, and
     # an empty bulk_create still cost a twentieth of taking in a batch
     stored_timeline = timeline_events_store(run=run, records=records) if records else []
     stored_faults = (fault_events_store(run=run, records=faults_parsed) if faults_parsed
                      else [])
-    points, refused = _metric_points(metrics)
+    points, refused = _metric_points(metrics, metrics_columns)
     stored_metrics = metric_points_store(run=run, points=points) if points else []
     # the run page's deltas, in the snapshot's own shapes, sent together when it commits
     deltas = []
