@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from orchestrator.errors import FormatError
@@ -47,16 +47,30 @@ from webapp.devices.events import event_profiling, profiling_event_send
 from webapp.devices.models import Device
 from webapp.runs import recovery
 from webapp.runs import services as run_services
-from webapp.runs.models import Run
+from webapp.runs.models import Run, RunDevice
 
 log = logging.getLogger(__name__)
 
 Reply = Message | None
 
 
+def _device(device_id: int) -> Device:
+    """The device (raw SQL, as :func:`_run_of`: read for every message an agent sends)."""
+    table = connection.ops.quote_name(Device._meta.db_table)
+    device = next(iter(Device.objects.raw(f"SELECT * FROM {table} WHERE id = %s",
+                                          [device_id])), None)
+    if device is None:
+        raise Device.DoesNotExist(f"no device {device_id}")
+    return device
+
+
 def _run_of(device: Device, run_id: int) -> Run:
-    # sliced, not first(): no ORDER BY to compile for every events batch
-    run = next(iter(Run.objects.filter(pk=run_id, run_devices__device=device)[:1]), None)
+    # raw SQL: composing the ORM's join for every events batch took an eighth of the web
+    # server's Python time while two agents trained VGG-5
+    runs, members = (connection.ops.quote_name(m._meta.db_table) for m in (Run, RunDevice))
+    run = next(iter(Run.objects.raw(
+        f"SELECT {runs}.* FROM {runs} JOIN {members} ON {members}.run_id = {runs}.id "
+        f"WHERE {runs}.id = %s AND {members}.device_id = %s", [run_id, device.pk])), None)
     if run is None:
         raise InvalidInput("run", f"device {device.uid} has no run {run_id}")
     return run
@@ -241,7 +255,7 @@ def _events_together(device_id: int, batches: list[Events]) -> list[Answer]:
     its own answer."""
     try:
         with transaction.atomic():
-            device = Device.objects.get(pk=device_id)
+            device = _device(device_id)
             if device.status == Device.Status.RETIRED:
                 raise InvalidInput("device", f"device {device.uid} is retired")
             run = _run_of(device, batches[0].run)
@@ -396,7 +410,7 @@ def agent_message(*, device_id: int, message: Any) -> Reply:
     handler = HANDLERS.get(type(message))
     if handler is None:
         raise InvalidInput("type", f"{message.TYPE} is not for the server's gateway")
-    device = Device.objects.get(pk=device_id)
+    device = _device(device_id)
     if device.status == Device.Status.RETIRED:
         raise InvalidInput("device", f"device {device.uid} is retired")
     return handler(device, message)
