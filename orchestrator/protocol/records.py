@@ -46,7 +46,7 @@ def _to_json(value: Any) -> Any:
     if hasattr(value, "to_json"):
         return value.to_json()
     if type(value) is list and set(map(type, value)) <= _SCALAR_TYPES:
-        return value  # a column of timeline events: as it is, not walked item by item
+        return value  # a column (orchestrator.eventcolumns): as it is, not walked item by item
     if isinstance(value, (tuple, list)):
         return [_to_json(v) for v in value]
     if isinstance(value, Mapping):

@@ -94,7 +94,7 @@ class Events(Message):
     (orchestrator.eventcolumns: what agents send), after ``timeline``'s. Metric points are
     JSON objects the server reads one by one as :class:`MetricSample` (one it cannot take, a
     NaN loss say, is refused alone and said in ``stored``); ``metrics_columns`` holds more of
-    them in columns, after ``metrics``'."""
+    them in columns, after those in ``metrics``."""
 
     TYPE = "events"
     run: int = wire(integer())
