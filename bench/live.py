@@ -130,6 +130,27 @@ RECORDER = """
 STAGES = ("agent", "gateway", "ingest", "channel", "browser", "page")
 
 
+def batch_keys(message: dict[str, Any], uid: str) -> list[str]:
+    """``device:microbatch`` of each timeline event an ``events`` message of device ``uid``
+    carries, as objects or in columns (what agents send: there the device is the
+    connection's)."""
+    keys = [f"{e['device']}:{e['microbatch']}" for e in message.get("timeline", ())]
+    columns = message.get("timeline_columns") or {}
+    return keys + [f"{uid}:{m}" for m in columns.get("microbatch", ())]
+
+
+def stamp_parts(parts: list[dict[str, Any]], store: float | None, now: float
+                ) -> list[dict[str, Any]]:
+    """A commit's deltas to a run's group (``webapp.runs.events._group_send``'s ``parts``)
+    with each timeline delta stamped: when the server started to store its batches
+    (``store``; None: not a batch's commit, nothing stamped) and when it went to the channel
+    layer (``now``)."""
+    if store is None:
+        return parts
+    return [{**part, "bench": {"store": store, "commit": now}}
+            if part.get("type") == "timeline" else part for part in parts]
+
+
 def serve_probed(port: int) -> None:
     """The web server the bench measures: daphne on the product's ASGI application, with the
     gateway's store of an agent's batches, the send of a run's delta to its group and the run
@@ -156,10 +177,8 @@ def serve_probed(port: int) -> None:
         finally:
             local.store = None
 
-    def stamped_group_send(run_id: int, event: dict[str, Any]) -> None:
-        if event.get("type") == "timeline" and getattr(local, "store", None) is not None:
-            event = {**event, "bench": {"store": local.store, "commit": time.time()}}
-        group_send(run_id, event)
+    def stamped_group_send(run_id: int, parts: list[dict[str, Any]]) -> None:
+        group_send(run_id, stamp_parts(parts, getattr(local, "store", None), time.time()))
 
     async def stamped_run_event(self: RunConsumer, message: dict[str, Any]) -> None:
         stamps = message["event"].get("bench")
@@ -248,8 +267,8 @@ class Agent:
                 await send(message)
                 if message.get("type") == "events":
                     now = time.time()
-                    for e in message.get("timeline", ()):
-                        self.wired.setdefault(f"{e['device']}:{e['microbatch']}", now)
+                    for key in batch_keys(message, self.uid):
+                        self.wired.setdefault(key, now)
 
             channel.send = send_stamped  # type: ignore[method-assign]
             yield channel
