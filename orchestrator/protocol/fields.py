@@ -25,7 +25,8 @@ MAX_PEERS = 1024
 MAX_RESOURCES = 8
 MAX_LAYER = 10**6
 MAX_DEPTH = 64  # levels of arrays and objects in one message
-_SCALAR_TYPES = frozenset((str, int, float, bool, type(None)))
+# the types of JSON's scalars as Python's parser reads them
+JSON_SCALARS = frozenset((str, int, float, bool, type(None)))
 
 
 class ProtocolError(ValueError):
@@ -269,7 +270,7 @@ def json_deeper_than(value: Any, limit: int) -> bool:
         depth += 1
         if depth > limit:
             return True
-        if _SCALAR_TYPES.issuperset(map(type, children)):
+        if JSON_SCALARS.issuperset(map(type, children)):
             continue  # a column of numbers, say: no item by item walk in Python
         stack.extend((c, depth) for c in children if isinstance(c, (dict, list)))
     return False

@@ -11,6 +11,7 @@ from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any, ClassVar, TypeVar, cast
 
 from orchestrator.protocol.fields import (
+    JSON_SCALARS,
     MAX_PEERS,
     MAX_RESOURCES,
     ProtocolError,
@@ -38,19 +39,15 @@ def wire(read: Reader, default: Any = MISSING, *, factory: Any = MISSING) -> Any
     return field(default=default, default_factory=factory, metadata={"read": read})
 
 
-_SCALARS = (str, int, float, bool, type(None))
-_SCALAR_TYPES = frozenset(_SCALARS)
-
-
 def _to_json(value: Any) -> Any:
     if hasattr(value, "to_json"):
         return value.to_json()
-    if type(value) is list and set(map(type, value)) <= _SCALAR_TYPES:
+    if type(value) is list and JSON_SCALARS.issuperset(map(type, value)):
         return value  # a column (orchestrator.eventcolumns): as it is, not walked item by item
     if isinstance(value, (tuple, list)):
         return [_to_json(v) for v in value]
     if isinstance(value, Mapping):
-        if type(value) is dict and all(type(v) in _SCALARS for v in value.values()):
+        if type(value) is dict and all(type(v) in JSON_SCALARS for v in value.values()):
             return value  # a flat JSON object (a timeline event): as it is, not copied
         return {k: _to_json(v) for k, v in value.items()}
     return value
