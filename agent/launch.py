@@ -25,10 +25,14 @@ import threading
 import weakref
 from collections.abc import Callable
 
+import torch
+from torch import nn
+
 from agent.connection import Connection
 from agent.data import Dataset
 from agent.deployments import Deployment, Deployments, RegistryError, StageKey
 from agent.executor import Clock, StageError, StageExecutor, StageStopped
+from agent.layout import faster_format, has_conv2d, stage_example, to_format
 from agent.reporting import Reporter
 from agent.transport import DataPlane
 from agent.turns import Turn, Turnstile
@@ -36,7 +40,7 @@ from agent.warmtimes import WarmTimes
 from agent.weights import momentum_state
 from agent.weightservice import WeightService
 from agent.workers import freeze_heap, spawn
-from agent.zoo import build_model
+from agent.zoo import ZooModel, build_model
 from orchestrator.events import TimelineEvent
 from orchestrator.protocol import (
     Ack,
@@ -106,6 +110,32 @@ class Launcher:
         self.turnstiles: weakref.WeakValueDictionary[tuple[int, int], Turnstile] = (
             weakref.WeakValueDictionary())
         self._turnstiles_lock = threading.Lock()
+        # the memory format each stage shape runs fastest in here (agent.layout), timed at
+        # its first deployment: by model, data set, micro-batch size and layers
+        self.formats: dict[tuple[str, str, int, int, int], str] = {}
+        self._formats_lock = threading.Lock()
+
+    def stage_format(self, spec: StageSpec, model: ZooModel, module: nn.Module,
+                     input_shape: tuple[int, ...]) -> str:
+        """The memory format the stage's module runs fastest in on this device: timed on a
+        copy at the first deployment of its shape, then kept."""
+        if not has_conv2d(module):
+            return "contiguous"
+        key = (spec.model, spec.dataset, spec.batch_size, *spec.layers)
+        with self._formats_lock:
+            found = self.formats.get(key)
+        if found is not None:
+            return found
+        if self.threads:  # a pool thread (see agent.workers.spawn), as the stage's own
+            torch.set_num_threads(self.threads)
+        example = stage_example([layer.module for layer in model.layers], input_shape,
+                                spec.batch_size, spec.layers[0])
+        found = faster_format(module, example)
+        log.info("%s layers %d..%d run %s here (timed both layouts)", spec.model,
+                 spec.layers[0], spec.layers[1], found.replace("_", " "))
+        with self._formats_lock:
+            self.formats[key] = found
+        return found
 
     def turnstile(self, spec: StageSpec) -> Turnstile | None:
         """The turnstile of the spec's run and generation on this device (None: the stage
@@ -144,6 +174,7 @@ class Launcher:
         model = build_model(spec.model, input_shape=data.input_shape,
                             num_classes=data.num_classes, seed=spec.seed)
         module = model.stage(*spec.layers)
+        to_format(module, self.stage_format(spec, model, module, tuple(data.input_shape)))
         clock = Clock(started_at=command.started_at or 0.0, offset_s=self.connection.offset_s)
         # checkpoints and replicas are kept by run and layers: a run of several pipelines,
         # whose stages on one device may hold the same layers, keeps pipeline 0's only

@@ -19,6 +19,10 @@ that waited for its input runs colder: :func:`measure_overhead` counts that pena
 pass, where it is paid). ``slowdown`` scales the times, so an agent emulating a slower device
 reports the device it emulates, whose passes the executor paces to those scaled warm times
 (agent/emulation.py).
+
+The layers are timed in the memory format the whole model runs faster in here
+(agent.layout: channels last for some convolutional models), as a stage of them would run;
+the profile's ``source`` says when that is channels last.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from agent.layout import faster_format, to_format
 from agent.optim import SGD
 from agent.zoo import ZooModel
 from orchestrator.formats import Layer, LayerTimes, ModelProfile
@@ -125,7 +130,8 @@ def profile_model(model: ZooModel, *, batch_size: int, reference: str, dataset: 
                   on_layer: Callable[[int, int], None] | None = None) -> ModelProfile:
     """Profile every layer of ``model``. ``on_layer(done, total)`` reports progress in steps:
     one per layer sized, then one per timed sweep (``total`` grows once, when the warm-up
-    shows how many sweeps ``min_time_s`` takes)."""
+    shows how many sweeps ``min_time_s`` takes). ``model``'s layers are left in the memory
+    format they were timed in."""
     if batch_size < 1 or repeats < 1 or warmup < 0 or min_time_s < 0:
         raise ValueError(f"need batch_size >= 1, repeats >= 1, warmup >= 0, min_time_s >= 0; "
                          f"got {batch_size}, {repeats}, {warmup}, {min_time_s}")
@@ -152,6 +158,10 @@ def profile_model(model: ZooModel, *, batch_size: int, reference: str, dataset: 
         bar.update()
         report(i + 1, n + repeats)
     grad = torch.randn(x.shape, generator=generator)
+    # the layout the executor would run the whole model in here (a stage times its own)
+    layout = faster_format(nn.Sequential(*modules), x0)
+    for module in modules:
+        to_format(module, layout)
     optimizers = [SGD(params, lr=1e-6) if params else None
                   for params in ([p for p in m.parameters() if p.requires_grad] for m in modules)]
     warm_up_s = []
@@ -180,7 +190,8 @@ def profile_model(model: ZooModel, *, batch_size: int, reference: str, dataset: 
             param_bytes=param_bytes, activation_bytes=activation_bytes))
     return ModelProfile(model=model.name, batch_size=batch_size, reference=reference,
                         layers=tuple(layers), dataset=dataset,
-                        source=f"edgepipe agent profiler, torch {torch.__version__}")
+                        source=f"edgepipe agent profiler, torch {torch.__version__}"
+                        + (", channels last" if layout == "channels_last" else ""))
 
 
 def warm_times(profile: ModelProfile, *, slowdown: float) -> LayerTimes:

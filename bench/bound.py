@@ -9,7 +9,9 @@ the batch's micro-batches, as both runtimes take it), its backward back through 
 SGD step per stage and batch. Each stage's forward and backward time per micro-batch (F_s,
 B_s) and its update's per batch (U_s) are those of its fastest batch among the repetitions
 after a warm-up: the bench times them on a machine where its own processes still run, and a
-repetition slowed by them only ever reads slower.
+repetition slowed by them only ever reads slower. A model with convolutions is timed with its
+parameters in NCHW and again channels last (agent.layout: an agent runs a stage in the
+faster), and each time is the faster layout's.
 
 A synchronous schedule (GPipe, 1F1B with a flush) runs a batch of M micro-batches on S
 stages in no less than
@@ -63,6 +65,7 @@ def _measure_main(spec_json: str, out: str) -> None:
     import torch
 
     from agent.data import load_dataset
+    from agent.layout import has_conv2d, to_format
     from agent.zoo import build_model
 
     torch.set_num_threads(1)
@@ -70,7 +73,11 @@ def _measure_main(spec_json: str, out: str) -> None:
     data = load_dataset(spec["dataset"], seed=0)
     model = build_model(spec["model"], input_shape=data.input_shape,
                         num_classes=data.num_classes, seed=0)
-    modules = [model.stage(first, last) for first, last in spec["cuts"]]
+    modules = [to_format(model.stage(first, last), spec["layout"])
+               for first, last in spec["cuts"]]
+    if spec["layout"] != "contiguous" and not any(has_conv2d(m) for m in modules):
+        Path(out).write_text("null")  # the same passes as in NCHW: nothing to time
+        return
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.05) for m in modules]
     m_count, warm = spec["microbatches"], spec["warmup"]
     parts = [data.microbatch(k, spec["batch_size"], seed=0) for k in range(m_count)]
@@ -113,18 +120,27 @@ def stage_times(*, model: str, dataset: str, cuts: Sequence[Sequence[int]], micr
                 timeout_s: float = 300.0) -> list[StageTimes]:
     """Each stage's pass and update times for ``cuts`` of ``model``: the fastest of
     ``processes`` fresh processes with one torch thread each (the same passes ran 1.4 to 2.0
-    ms in one process and another on this machine, each its own fastest batch)."""
-    spec = json.dumps({"model": model, "dataset": dataset, "cuts": [list(c) for c in cuts],
-                       "microbatches": microbatches, "batch_size": batch_size,
-                       "repetitions": repetitions, "warmup": warmup})
-    runs = [_timed_once(model, spec, timeout_s) for _ in range(processes)]
+    ms in one process and another on this machine, each its own fastest batch), in each
+    memory format a stage may run in (agent.layout: channels last only for convolutions),
+    each stage's pass in the faster of them."""
+    runs = []
+    for layout in ("contiguous", "channels_last"):
+        spec = json.dumps({"model": model, "dataset": dataset, "cuts": [list(c) for c in cuts],
+                           "microbatches": microbatches, "batch_size": batch_size,
+                           "repetitions": repetitions, "warmup": warmup, "layout": layout})
+        for _ in range(processes):
+            timed = _timed_once(model, spec, timeout_s)
+            if timed is None:  # no convolution: channels last is NCHW
+                break
+            runs.append(timed)
     return [StageTimes(min(r[s].forward_s for r in runs), min(r[s].backward_s for r in runs),
                        min(r[s].update_s for r in runs)) for s in range(len(cuts))]
 
 
-def _timed_once(model: str, spec: str, timeout_s: float) -> list[StageTimes]:
+def _timed_once(model: str, spec: str, timeout_s: float) -> list[StageTimes] | None:
     with tempfile.TemporaryDirectory(prefix="edgepipe-bound-") as scratch:
         out = Path(scratch) / "times.json"
         run_spawned([("stage-times", _measure_main, (spec, str(out)))], timeout_s=timeout_s,
                     what=f"timing the stages of {model}")
-        return [StageTimes(**t) for t in json.loads(out.read_text())]
+        times = json.loads(out.read_text())
+        return None if times is None else [StageTimes(**t) for t in times]

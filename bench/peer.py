@@ -12,6 +12,9 @@ run of the ``uniform`` plan over the first S agents (equal layer counts, in orde
 the zoo's stage modules, Schedule1F1B for ``1f1b-sync`` and ``ScheduleGPipe`` for ``gpipe``,
 gloo on 127.0.0.1, one process per stage, one torch thread each). Both train batches of 8
 micro-batches of 32 with plain SGD at the same learning rate, on the same micro-batches.
+EdgePipe's agents run a convolutional stage with its weights channels last where they time
+that faster (agent.layout); torch's ranks keep NCHW, as torch's runtime comes, unless
+``--torch-layout channels_last`` gives them the same layout.
 EdgePipe's asynchronous ``1f1b`` (PipeDream/FTPipeHD) is reported beside torch's Schedule1F1B,
 which is synchronous.
 
@@ -182,11 +185,11 @@ def steady_figures(samples: Sequence[Sample], *, events_per_microbatch: float,
             "web_cores_per_1000_events_s": 1000 * web_cores / rate}
 
 
-def train_peer(config: Config, cuts: Sequence[tuple[int, int]], *, batches: int
-               ) -> dict[str, Any]:
+def train_peer(config: Config, cuts: Sequence[tuple[int, int]], *, batches: int,
+               layout: str = "contiguous") -> dict[str, Any]:
     run = TorchRun(model=config.model, dataset="digits", cuts=tuple(cuts),
                    schedule=TORCH_FOR[config.schedule], microbatches=MICROBATCHES,
-                   batch_size=BATCH_SIZE, batches=batches, lr=LR)
+                   batch_size=BATCH_SIZE, batches=batches, lr=LR, layout=layout)
     result = train_torch(run)
     return {"sps": steady_sps(result.batch_ends_s, MICROBATCHES * BATCH_SIZE),
             "cpu_s": result.cpu_total_s, "steady_cpu_s": result.steady_cpu_per_batch_s(),
@@ -233,15 +236,16 @@ def timed_stages(model: str, cuts: tuple[tuple[int, int], ...]) -> list[StageTim
 
 
 def run_config(testbed: Any, spec: int, config: Config, *, pairs: int, batches: int,
-               say: Callable[[str], None]) -> dict[str, Any]:
+               say: Callable[[str], None], torch_layout: str = "contiguous"
+               ) -> dict[str, Any]:
     figures: list[dict[str, float]] = []
     cuts: tuple[tuple[int, int], ...] | None = None
     for k in range(pairs):
         if cuts is None or k % 2 == 0:  # alternate which side goes first
             ours = train_edgepipe(testbed, spec, config, batches=batches)
-            theirs = train_peer(config, ours["cuts"], batches=batches)
+            theirs = train_peer(config, ours["cuts"], batches=batches, layout=torch_layout)
         else:
-            theirs = train_peer(config, cuts, batches=batches)
+            theirs = train_peer(config, cuts, batches=batches, layout=torch_layout)
             ours = train_edgepipe(testbed, spec, config, batches=batches)
         if cuts is not None and ours["cuts"] != cuts:
             raise SystemExit(f"{config.label}: the uniform plan changed its cuts from {cuts} "
@@ -305,6 +309,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="batches of 8 micro-batches per run (default: mlp "
                              f"{DEFAULT_BATCHES['mlp']}, vgg5 {DEFAULT_BATCHES['vgg5']})")
     parser.add_argument("--port", type=int, default=None, help="web server port (default: free)")
+    parser.add_argument("--torch-layout", choices=("contiguous", "channels_last"),
+                        default="contiguous",
+                        help="the memory format of torch's stage modules (default contiguous, "
+                             "NCHW, as torch's runtime comes; channels_last gives it the "
+                             "layout EdgePipe's agents take where they time it faster)")
     args = parser.parse_args(argv)
     models = parse_list(args.models, ("mlp", "vgg5"), "--models")
     stages = [int(s) for s in parse_list(args.stages, ("2", "3"), "--stages")]
@@ -331,10 +340,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             for count in stages:
                 for schedule in schedules:
                     rows.append(run_config(testbed, spec, Config(model, count, schedule),
-                                           pairs=args.pairs, batches=batches, say=say))
+                                           pairs=args.pairs, batches=batches, say=say,
+                                           torch_layout=args.torch_layout))
     print(table(rows))
     print(json.dumps({"bench": "peer", "microbatches": MICROBATCHES, "batch_size": BATCH_SIZE,
-                      "lr": LR, "pairs": args.pairs, "wall_s": time.monotonic() - started,
+                      "lr": LR, "pairs": args.pairs, "torch_layout": args.torch_layout,
+                      "wall_s": time.monotonic() - started,
                       "configs": rows}))
     return 0
 

@@ -44,6 +44,9 @@ class TorchRun:
     batches: int
     lr: float
     seed: int = 0
+    # the stage modules' memory format (agent.layout): torch's runtime as it comes uses NCHW;
+    # "channels_last" gives it the layout EdgePipe's agents may choose, to tell the two apart
+    layout: str = "contiguous"
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,32 @@ def steady_sps(ends: Sequence[float], samples_per_end: int, skip: float = 0.2) -
     return (final - first) * samples_per_end / (ends[final] - ends[first])
 
 
+def _sent_contiguous(module: Any) -> Any:
+    """``module`` with its output and its input's gradient made contiguous: torch's
+    PipelineStage sends both over gloo as they come, and gloo refuses a channels-last tensor
+    ("input tensor has to be contiguous")."""
+    import torch
+
+    class GradContiguous(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+            return grad.contiguous()
+
+    class Sent(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = module
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.inner(GradContiguous.apply(x)).contiguous()
+
+    return Sent()
+
+
 def _rank_main(rank: int, world: int, port: int, run_json: str, out: str, save: bool) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
@@ -86,6 +115,7 @@ def _rank_main(rank: int, world: int, port: int, run_json: str, out: str, save: 
     from torch.distributed import pipelining
 
     from agent.data import load_dataset
+    from agent.layout import to_format
     from agent.zoo import build_model
 
     torch.set_num_threads(1)
@@ -98,7 +128,8 @@ def _rank_main(rank: int, world: int, port: int, run_json: str, out: str, save: 
         model = build_model(run.model, input_shape=data.input_shape,
                             num_classes=data.num_classes, seed=run.seed)
         first, last = run.cuts[rank]
-        module = model.stage(first, last)
+        layers = to_format(model.stage(first, last), run.layout)
+        module = layers if run.layout == "contiguous" else _sent_contiguous(layers)
         stage = pipelining.PipelineStage(module, rank, world, torch.device("cpu"))
         schedule_class = getattr(pipelining, TORCH_SCHEDULES[run.schedule])
         schedule = schedule_class(stage, n_microbatches=run.microbatches,
@@ -131,7 +162,7 @@ def _rank_main(rank: int, world: int, port: int, run_json: str, out: str, save: 
         if save:
             from safetensors.torch import save_file
 
-            save_file({k: v.contiguous() for k, v in module.state_dict().items()},
+            save_file({k: v.contiguous() for k, v in layers.state_dict().items()},
                       str(Path(out) / f"rank{rank}.safetensors"))
     finally:
         dist.destroy_process_group()

@@ -11,6 +11,7 @@ import torch
 
 from agent.data import load_dataset
 from agent.executor import Clock, FixedCosts, Metric, StageError, StageExecutor
+from agent.layout import to_format
 from agent.transport import DataPlane
 from agent.zoo import build_model
 from orchestrator.events import EVENT_KINDS, TimelineEvent
@@ -24,7 +25,7 @@ DIGITS = load_dataset("digits")
 
 def run_pipeline(layers: Sequence[tuple[int, int]], *, schedule: str, microbatches: int,
                  flush_every: int | None = None, lr: float = 0.1, momentum: float = 0.0,
-                 vertical_sync: bool = False, model: str = "mlp"
+                 vertical_sync: bool = False, model: str = "mlp", layout: str = "contiguous"
                  ) -> tuple[list[float], torch.Tensor, list[TimelineEvent], dict[str, list[int]]]:
     torch.manual_seed(0)
     net = build_model(model, input_shape=DIGITS.input_shape, num_classes=10)
@@ -48,7 +49,8 @@ def run_pipeline(layers: Sequence[tuple[int, int]], *, schedule: str, microbatch
                          microbatches=microbatches, flush_every=flush_every, lr=lr,
                          momentum=momentum, vertical_sync=vertical_sync, receive_timeout_s=30)
         try:
-            result = StageExecutor(spec, module=net.stage(*layers[k]), plane=planes[devices[k]],
+            module = to_format(net.stage(*layers[k]), layout)
+            result = StageExecutor(spec, module=module, plane=planes[devices[k]],
                                    clock=clock, dataset=DIGITS if k == 0 else None,
                                    on_event=events.append, on_metric=metrics.append).run()
             done[f"F{k}"], done[f"B{k}"] = result.forwards, result.backwards
@@ -70,6 +72,20 @@ def test_a_synchronous_pipeline_equals_training_on_one_device() -> None:
                                                    microbatches=40, flush_every=1, momentum=0.9)
     assert one_loss == three_loss
     assert torch.equal(one_weights, three_weights)
+
+
+def test_stages_channels_last_train_as_nchw_up_to_rounding() -> None:
+    # agent.layout: the convolutions' weights channels last, activations and gradients sent
+    # between the stages in whatever layout they come out in
+    nchw_loss, nchw_weights, _, _ = run_pipeline([(0, 1), (2, 4)], schedule="1f1b-sync",
+                                                 microbatches=16, flush_every=4, model="vgg5",
+                                                 momentum=0.9)
+    last_loss, last_weights, _, _ = run_pipeline([(0, 1), (2, 4)], schedule="1f1b-sync",
+                                                 microbatches=16, flush_every=4, model="vgg5",
+                                                 momentum=0.9, layout="channels_last")
+    assert nchw_loss == pytest.approx(last_loss, rel=1e-4)
+    assert torch.allclose(nchw_weights, last_weights, atol=1e-5)
+    assert nchw_loss[-1] < nchw_loss[0]
 
 
 def test_1f1b_trains_every_microbatch_once_per_stage() -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from agent.config import (
     AgentConfig,
@@ -175,6 +176,32 @@ def test_a_finished_stage_reports_the_overhead_it_measured(runtime: AgentRuntime
     assert 0 <= done[0]["pass_overhead_s"] <= done[0]["overhead_s"]
     assert "message_s" not in done[0]  # alone: nothing sent
     assert runtime.overhead_s == 1.0
+
+
+def test_a_convolutional_stage_runs_in_the_layout_timed_faster_at_its_first_deployment(
+        runtime: AgentRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    timed: list[tuple[int, ...]] = []
+
+    def faster(module: torch.nn.Module, example: torch.Tensor) -> str:
+        timed.append(tuple(example.shape))
+        return "channels_last"
+
+    monkeypatch.setattr("agent.launch.faster_format", faster)
+    conv = spec(model="vgg5", layers=[1, 2], stage=1,
+                stage_devices=[["edge-other"], [ENROLMENT.uid]])
+    for run in (7, 8):  # the same stage shape twice: timed once
+        assert runtime.handle_command(command("deploy", run=run, spec={**conv, "run": run},
+                                              peers={"edge-other": "tcp://127.0.0.1:9"},
+                                              keys={"edge-other": KEY})).ok
+        weights = [p for p in held(runtime, run).executor.params if p.dim() == 4]
+        assert weights and all(w.is_contiguous(memory_format=torch.channels_last)
+                               and not w.is_contiguous() for w in weights)
+    assert timed == [(8, 32, 4, 4)]  # layer 1's input: conv1's output, 8 samples
+    mlp = spec(run=9, stage_devices=[[ENROLMENT.uid]], stage_times_s=[[1.0]], layers=[0, 3])
+    assert runtime.handle_command(command("deploy", run=9, spec=mlp, peers={})).ok
+    assert timed == [(8, 32, 4, 4)]  # no convolution: nothing timed
+    for run in (7, 8, 9):
+        assert runtime.handle_command(command("stop", run=run)).ok
 
 
 def test_a_stage_started_paused_trains_only_once_resumed(runtime: AgentRuntime) -> None:
