@@ -291,6 +291,15 @@ class WeightReplica(models.Model):
                 f"(run {self.run_id})")
 
 
+class RunEventSeq(models.Model):
+    """The number of the newest event sent to a run's Channels group (webapp.runs.events), kept
+    apart from the run's row, which saves of the whole run would write back stale."""
+
+    run = models.OneToOneField(Run, on_delete=models.CASCADE, primary_key=True,
+                               related_name="+")
+    seq = models.PositiveBigIntegerField(default=0)
+
+
 class TimelineEvent(models.Model):
     """A forward, backward, transfer or update of one micro-batch on one device (the shared
     timeline schema; ``device`` is the device's uid). Stored in bulk."""

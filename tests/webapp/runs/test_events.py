@@ -206,3 +206,24 @@ def test_a_batchs_deltas_take_their_numbers_at_once_one_after_the_other(
     assert taken == [4, 3]
     assert [e["seq"] for e in received] == list(range(1, 8))
     assert events.run_seq(run.pk) == 7
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_runs_event_numbers_are_kept_in_the_database_one_after_the_other():
+    from django.core.cache import cache
+
+    run, other = RunFactory(), RunFactory()
+    assert events.run_seq(run.pk) == 0
+    assert events.run_seq_next(run.pk, 4) == 4  # the first taking: 1..4
+    assert events.run_seq_next(other.pk) == 1  # each run counts its own
+    cache.clear()  # they were in the cache, which may lose them; no longer
+    assert events.run_seq_next(run.pk) == 5
+    assert events.run_seq_next(run.pk, 3) == 8
+    assert events.run_seq(run.pk) == 8 and events.run_seq(other.pk) == 1
+    run.save()  # a save of the whole run does not write a stale number back
+    assert events.run_seq(run.pk) == 8
+    gone = run.pk
+    run.delete()  # its counter with it; taking a number of a deleted run is harmless
+    assert events.run_seq(gone) == 0
+    assert events.run_seq_next(gone, 2) == 2
+    assert events.run_seq(gone) == 0
