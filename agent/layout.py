@@ -3,9 +3,9 @@
 A 2-D convolution's weights and activations may be laid out channels first (NCHW, torch's
 default) or channels last (NHWC). oneDNN, which runs torch's convolutions on a CPU, is faster
 in one or the other depending on the layers, the input size and the machine: on this project's
-test machine, one torch thread, VGG-5's convolutions over the digits train about 30% faster
-channels last, MobileNetV2's 30-35%, and ResNet-18's 15-35% slower (docs/benchmarks.md). So
-neither is a safe default. A stage with a convolution times a forward and backward of a copy of
+test machine, one torch thread, VGG-5 and MobileNetV2 on 32x32 images train 30-35% faster
+channels last, ResNet-18 on the digits 20-40% slower (bench/layout.py, docs/benchmarks.md).
+So neither is a safe default. A stage with a convolution times a forward and backward of a copy of
 itself in both, on an input of its micro-batch's shape, and takes channels last only when it
 is clearly faster; a stage without one keeps NCHW without timing anything.
 

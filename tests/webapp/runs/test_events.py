@@ -186,8 +186,8 @@ def test_an_event_of_many_rows_is_sent_in_parts_that_apply_as_it_would():
 @pytest.mark.django_db(transaction=True)
 def test_a_batchs_deltas_take_their_numbers_at_once_one_after_the_other(
         monkeypatch: pytest.MonkeyPatch):
-    # Prepare: a running run whose page listens; every taking of numbers counted (on the
-    # embedded default each rewrites a cache file: a batch's three took three)
+    # Prepare: a running run whose page listens; every taking of numbers counted (each is a
+    # statement: a batch's three deltas took three)
     device = DeviceFactory()
     run = RunFactory(devices=[device], state=Run.State.RUNNING)
     channel = subscribe(run.pk)
