@@ -307,8 +307,8 @@ def fault_run(testbed: Any, spec: int, *, model: str, scenario: str, policy: str
 
     from orchestrator.cost import build_cost_model, evaluate_plan
     from orchestrator.events import TimelineEvent as TimelineRecord
-    from orchestrator.formats import parse_plan
     from orchestrator.partition import run_planner
+    from orchestrator.planformat import parse_plan
     from orchestrator.recovery import successor_takes_over
     from webapp.demo.client import DemoError
     from webapp.runs.models import Run, TimelineEvent

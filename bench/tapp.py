@@ -32,9 +32,10 @@ sys.path.insert(0, str(ROOT))
 from bench.planners import random_instance  # noqa: E402
 from orchestrator.cost import CostModel, build_cost_model, evaluate  # noqa: E402
 from orchestrator.errors import PlanningError  # noqa: E402
-from orchestrator.formats import Stage, load_devices, load_profile  # noqa: E402
+from orchestrator.formats import load_devices, load_profile  # noqa: E402
 from orchestrator.partition import run_planner  # noqa: E402
 from orchestrator.partition.common import to_stages  # noqa: E402
+from orchestrator.planformat import Stage  # noqa: E402
 from orchestrator.tapp import DEFAULT_EPISODES, train_tapp  # noqa: E402
 
 BASELINES = ("optimal", "pipetorch", "bsp")

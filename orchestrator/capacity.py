@@ -16,7 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from orchestrator.cost import CostModel
-from orchestrator.formats import Device, DeviceSet, LayerTimes, Plan, Resource
+from orchestrator.formats import Device, DeviceSet, LayerTimes, Resource
+from orchestrator.planformat import Plan
 
 
 def _scaled(device: Device, factor: float) -> Device:

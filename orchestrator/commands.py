@@ -11,10 +11,11 @@ from typing import Any
 
 from orchestrator.cost import CostModel, build_cost_model, memory_shortfall
 from orchestrator.errors import PlanningError
-from orchestrator.formats import SCHEDULES, load_devices, load_plan, load_profile
+from orchestrator.formats import SCHEDULES, load_devices, load_profile
 from orchestrator.grouping import group_brute_force, group_local_search, group_sorting
 from orchestrator.partition import DESCRIPTIONS, PLANNERS, QUICK_PLANNERS, run_planner
 from orchestrator.partition.duanwu import partition_overflow, partition_period
+from orchestrator.planformat import load_plan
 from orchestrator.schedule import format_schedule
 from orchestrator.simulator import simulate
 

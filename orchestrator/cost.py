@@ -33,16 +33,8 @@ import numpy as np
 import numpy.typing as npt
 
 from orchestrator.errors import PlanningError
-from orchestrator.formats import (
-    DeviceSet,
-    ModelProfile,
-    Plan,
-    Prediction,
-    Stage,
-    check_compatible,
-    check_stages,
-    synchronous,
-)
+from orchestrator.formats import DeviceSet, ModelProfile, check_compatible, synchronous
+from orchestrator.planformat import Plan, Prediction, Stage, check_stages
 
 FloatArray = npt.NDArray[np.float64]
 

@@ -24,9 +24,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.formats import Plan, Stage
 from orchestrator.pipelearn import iteration_time, parallel_batches, stage_times
 from orchestrator.pipelearn_plan import MethodPlan, Setting
+from orchestrator.planformat import Plan, Stage
 from orchestrator.runplan import AggregationGroup, RunPlan
 
 SCHEDULE = "1f1b-sync"  # with the depths of pipeline_depths: PipeLearn's iteration

@@ -39,8 +39,9 @@ from typing import Any
 
 from orchestrator.cost import CostModel
 from orchestrator.errors import FormatError, PlanningError
-from orchestrator.formats import ModelProfile, Plan, Stage, check_stages
+from orchestrator.formats import ModelProfile
 from orchestrator.partition.common import finish_plan
+from orchestrator.planformat import Plan, Stage, check_stages
 from orchestrator.redistribution import CENTRAL, state_bytes
 from orchestrator.validation import At, expect_integer, expect_list, expect_object
 

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from itertools import groupby
 from types import MappingProxyType
 
-from orchestrator.formats import ModelProfile, Plan
+from orchestrator.formats import ModelProfile
+from orchestrator.planformat import Plan
 
 CENTRAL = "central"
 MOMENTUM_SUFFIX = ":momentum"  # a parameter's SGD momentum buffer travels as "<name>:momentum"

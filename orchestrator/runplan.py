@@ -3,7 +3,7 @@
 
 One description covers every kind of run: an FTPipeHD run is one pipeline; split learning is
 one pipeline per client and PipeLearn one per device, whose stages share a helper or the
-server. Each pipeline is a :class:`~orchestrator.formats.Plan` (a chain of stages, each served
+server. Each pipeline is a :class:`~orchestrator.planformat.Plan` (a chain of stages, each served
 by a group of devices) that trains its own micro-batches (its own data); a device may serve
 stages of several pipelines. An :class:`AggregationGroup` names stages of several pipelines
 whose weights are averaged (FedAvg, weighted by samples) at the end of every round: the ``G``
@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.errors import FormatError
-from orchestrator.formats import DeviceSet, ModelProfile, Plan, parse_plan
+from orchestrator.formats import DeviceSet, ModelProfile
+from orchestrator.planformat import Plan, parse_plan
 from orchestrator.validation import At, expect_integer, expect_list, expect_number, expect_object
 
 

@@ -58,7 +58,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
-from orchestrator.formats import SCHEDULES, synchronous, u_shaped
+from orchestrator.formats import SCHEDULES, synchronous
+from orchestrator.planformat import u_shaped
 
 ACTION_KINDS = ("F", "B", "A", "U", "G")
 # The most micro-batches a run trains (batches x micro-batches x epochs). A schedule lists

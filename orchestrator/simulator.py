@@ -33,7 +33,8 @@ from typing import Any
 
 from orchestrator.cost import CostModel, split_pass_s
 from orchestrator.events import IdleBreakdown, TimelineEvent, idle_breakdown
-from orchestrator.formats import Plan, synchronous
+from orchestrator.formats import synchronous
+from orchestrator.planformat import Plan
 from orchestrator.runplan import AggregationGroup, RunPlan
 from orchestrator.schedule import Action, ForwardGate, Schedule, build_schedule
 

@@ -93,7 +93,6 @@ from tqdm import tqdm
 
 from orchestrator.cost import CostModel, evaluate
 from orchestrator.errors import PlanningError
-from orchestrator.formats import Plan, Stage
 from orchestrator.partition.common import (
     RawStage,
     check_plan_options,
@@ -101,6 +100,7 @@ from orchestrator.partition.common import (
     to_stages,
 )
 from orchestrator.partition.ordered import ordered_dp
+from orchestrator.planformat import Plan, Stage
 from orchestrator.simulator import simulate
 from orchestrator.tapp_features import layer_features
 from orchestrator.tapp_policy import (

@@ -1,5 +1,5 @@
 """The pipeline planners, by name. Each takes a :class:`~orchestrator.cost.CostModel` and
-keyword options and returns a :class:`~orchestrator.formats.Plan` whose ``predicted`` is the cost
+keyword options and returns a :class:`~orchestrator.planformat.Plan` whose ``predicted`` is the cost
 model's verdict on it.
 
 ``tapp`` is registered lazily: its module needs torch, which importing the planning core must
@@ -13,12 +13,12 @@ from collections.abc import Callable
 from typing import Any
 
 from orchestrator.cost import CostModel
-from orchestrator.formats import Plan
 from orchestrator.partition.baselines import plan_bsp, plan_pipetorch, plan_uniform
 from orchestrator.partition.duanwu import plan_duanwu
 from orchestrator.partition.ftpipehd import plan_ftpipehd
 from orchestrator.partition.optimal import plan_optimal
 from orchestrator.partition.pipedream import plan_pipedream
+from orchestrator.planformat import Plan
 
 Planner = Callable[..., Plan]
 

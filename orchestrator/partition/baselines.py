@@ -14,9 +14,9 @@ from __future__ import annotations
 import time
 
 from orchestrator.cost import CostModel
-from orchestrator.formats import Plan
 from orchestrator.partition.common import RawStage, check_plan_options, finish_plan
 from orchestrator.partition.ordered import ordered_dp
+from orchestrator.planformat import Plan
 
 
 def uniform_cuts(num_layers: int, num_stages: int) -> list[tuple[int, int]]:

@@ -14,7 +14,8 @@ from orchestrator.cost import (
     evaluate,
     replica_inflight,
 )
-from orchestrator.formats import SCHEDULES, Bound, Plan, Stage, freeze_beta, synchronous
+from orchestrator.formats import SCHEDULES, synchronous
+from orchestrator.planformat import Bound, Plan, Stage, freeze_beta
 
 # A stage as planners build it: (first layer, last layer, device indices).
 RawStage = tuple[int, int, tuple[int, ...]]

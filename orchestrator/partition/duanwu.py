@@ -29,9 +29,9 @@ import numpy as np
 from orchestrator.allocation import allocate_beta, best_rate
 from orchestrator.cost import CostModel, beta_compute_s
 from orchestrator.errors import PlanningError
-from orchestrator.formats import Plan
 from orchestrator.grouping import group_local_search
 from orchestrator.partition.common import RawStage, check_plan_options, finish_plan
+from orchestrator.planformat import Plan
 
 _REL_TOL = 1e-9
 _GAIN = 1e-6  # a split counts when it makes a device's stage at least this much faster

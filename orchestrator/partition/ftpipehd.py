@@ -12,9 +12,9 @@ from __future__ import annotations
 import time
 
 from orchestrator.cost import CostModel
-from orchestrator.formats import Plan
 from orchestrator.partition.common import check_plan_options, finish_plan
 from orchestrator.partition.ordered import ordered_dp
+from orchestrator.planformat import Plan
 
 
 def plan_ftpipehd(cm: CostModel, *, schedule: str = "1f1b", microbatches: int = 8) -> Plan:

@@ -35,9 +35,9 @@ from scipy.optimize import linprog
 
 from orchestrator.cost import CostModel, evaluate, messages_table
 from orchestrator.errors import PlanningError
-from orchestrator.formats import Bound, Plan
 from orchestrator.partition.common import RawStage, check_plan_options, finish_plan, to_stages
 from orchestrator.partition.ordered import ordered_dp
+from orchestrator.planformat import Bound, Plan
 
 EXACT_MAX_DEVICES = 12
 _REL_TOL = 1e-9

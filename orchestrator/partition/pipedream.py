@@ -21,8 +21,8 @@ import numpy as np
 
 from orchestrator.cost import CostModel
 from orchestrator.errors import PlanningError
-from orchestrator.formats import Plan
 from orchestrator.partition.common import RawStage, check_plan_options, finish_plan
+from orchestrator.planformat import Plan
 
 
 def pipedream_dp(cm: CostModel) -> tuple[list[RawStage], float]:

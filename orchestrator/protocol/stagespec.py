@@ -7,7 +7,8 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
-from orchestrator.formats import SCHEDULES, synchronous, u_shaped
+from orchestrator.formats import SCHEDULES, synchronous
+from orchestrator.planformat import u_shaped
 from orchestrator.protocol.fields import (
     MAX_PIPELINES,
     MAX_REPLICAS,

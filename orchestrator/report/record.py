@@ -23,7 +23,7 @@ from typing import Any
 
 from orchestrator.errors import FormatError
 from orchestrator.events import EVENT_KINDS, FaultEvent, TimelineEvent, parse_event
-from orchestrator.formats import parse_plan_stages
+from orchestrator.planformat import parse_plan_stages
 from orchestrator.validation import (
     At,
     expect_integer,

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.cost import CostModel, build_cost_model
-from orchestrator.formats import SCHEDULES, DeviceSet, ModelProfile, Plan, Stage, synchronous
+from orchestrator.formats import SCHEDULES, DeviceSet, ModelProfile, synchronous
+from orchestrator.planformat import Plan, Stage
 from orchestrator.runplan import AggregationGroup, RunPlan
 from orchestrator.sl.check import check_schedule
 from orchestrator.sl.formats import Instance, Matrix, Schedule

@@ -22,7 +22,7 @@ from agent.turns import Turn, TurnError, Turnstile
 from agent.zoo import build_model
 from orchestrator.errors import FormatError
 from orchestrator.events import TimelineEvent
-from orchestrator.formats import Stage, check_stages, u_shaped
+from orchestrator.planformat import Stage, check_stages, u_shaped
 from orchestrator.protocol import ProtocolError, StageSpec
 from tests.agent.stages import connected_planes, run_stages
 

@@ -17,7 +17,8 @@ from orchestrator.cost import (
     stage_messages,
 )
 from orchestrator.errors import FormatError, PlanningError
-from orchestrator.formats import DeviceSet, LayerTimes, Link, Resource, Stage
+from orchestrator.formats import DeviceSet, LayerTimes, Link, Resource
+from orchestrator.planformat import Stage
 from tests.orchestrator.instances import make_device, make_profile
 
 MB = 1_000_000
@@ -132,7 +133,7 @@ def test_zero_period_is_an_error() -> None:
 
 
 def test_inflight_covers_the_1f1b_cycles() -> None:
-    from orchestrator.formats import Prediction
+    from orchestrator.planformat import Prediction
 
     def depths(stage_s: tuple[float, ...], boundary_s: tuple[float, ...]) -> tuple[int, ...]:
         period = max(stage_s + boundary_s)

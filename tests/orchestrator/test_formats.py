@@ -14,12 +14,11 @@ from orchestrator.errors import FormatError
 from orchestrator.formats import (
     check_compatible,
     load_devices,
-    load_plan,
     load_profile,
     parse_devices,
-    parse_plan,
     parse_profile,
 )
+from orchestrator.planformat import load_plan, parse_plan
 from tests.conftest import DATA
 
 PROFILE = DATA / "profiles" / "resnet101_cifar10.model.json"

@@ -15,8 +15,9 @@ from orchestrator.capacity import (
     stage_seconds,
 )
 from orchestrator.cost import build_cost_model, evaluate
-from orchestrator.formats import DeviceSet, LayerTimes, Plan, Resource, Stage
+from orchestrator.formats import DeviceSet, LayerTimes, Resource
 from orchestrator.partition import run_planner
+from orchestrator.planformat import Plan, Stage
 from orchestrator.redistribution import CENTRAL, holdings, redistribute_weights
 from tests.orchestrator.instances import make_device, make_profile
 

@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestrator.errors import PlanningError
-from orchestrator.formats import ModelProfile, Plan, Stage
+from orchestrator.formats import ModelProfile
+from orchestrator.planformat import Plan, Stage
 from orchestrator.recovery import (
     CENTRAL,
     SELF,
@@ -503,7 +504,7 @@ def test_with_the_seed_a_layer_without_a_copy_restarts_training_from_it() -> Non
 def test_unprotected_stages_against_a_direct_reading_of_the_rules() -> None:
     from itertools import product
 
-    from orchestrator.formats import Stage
+    from orchestrator.planformat import Stage
     from orchestrator.recovery import unprotected_stages
 
     layouts = [

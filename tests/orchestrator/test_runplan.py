@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from orchestrator.cost import build_cost_model, evaluate_plan, stage_figures
 from orchestrator.errors import FormatError
 from orchestrator.events import TimelineEvent
-from orchestrator.formats import DeviceSet, Plan, Stage
+from orchestrator.formats import DeviceSet
+from orchestrator.planformat import Plan, Stage
 from orchestrator.runplan import AggregationGroup, RunPlan, parse_run_plan, single
 from orchestrator.schedule import Action
 from orchestrator.simulator import simulate, simulate_run

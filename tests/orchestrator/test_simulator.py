@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from orchestrator.cost import CostModel, build_cost_model, needed_inflight
 from orchestrator.errors import PlanningError
 from orchestrator.events import COMPUTE_KINDS, steady_throughput_sps
-from orchestrator.formats import DeviceSet, Plan, Resource, Stage
+from orchestrator.formats import DeviceSet, Resource
 from orchestrator.partition import run_planner
+from orchestrator.planformat import Plan, Stage
 from orchestrator.schedule import reference_version
 from orchestrator.simulator import simulate
 from tests.conftest import DATA

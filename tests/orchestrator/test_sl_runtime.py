@@ -14,7 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestrator.errors import PlanningError
-from orchestrator.formats import DeviceSet, Stage, check_stages, load_devices, load_profile
+from orchestrator.formats import DeviceSet, load_devices, load_profile
+from orchestrator.planformat import Stage, check_stages
 from orchestrator.runplan import parse_run_plan
 from orchestrator.sl.check import check_schedule
 from orchestrator.sl.formats import Instance, Schedule, Segment, parse_instance

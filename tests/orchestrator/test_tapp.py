@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from orchestrator.cost import CostModel, build_cost_model, evaluate
-from orchestrator.formats import DeviceSet, Layer, ModelProfile, Stage, check_stages
+from orchestrator.formats import DeviceSet, Layer, ModelProfile
 from orchestrator.partition import run_planner
+from orchestrator.planformat import Stage, check_stages
 from orchestrator.simulator import simulate
 from orchestrator.tapp import (
     TappSettings,

@@ -13,8 +13,8 @@ from django.db.models import Min
 from orchestrator.cost import CostModel, build_cost_model
 from orchestrator.errors import FormatError, PlanningError
 from orchestrator.events import TimelineEvent
-from orchestrator.formats import Plan as PlanDocument
-from orchestrator.formats import parse_plan
+from orchestrator.planformat import Plan as PlanDocument
+from orchestrator.planformat import parse_plan
 from orchestrator.simulator import simulate
 from webapp.common.exceptions import Conflict
 from webapp.dashboard.selectors import run_device_names

@@ -12,7 +12,7 @@ from typing import Any
 from orchestrator.cost import build_cost_model
 from orchestrator.events import TimelineEvent as TimelineRecord
 from orchestrator.events import idle_breakdown, steady_throughput_sps
-from orchestrator.formats import parse_plan
+from orchestrator.planformat import parse_plan
 from orchestrator.simulator import simulate
 from webapp.runs.models import MetricPoint, Run, TimelineEvent
 from webapp.runs.pipelearn_selectors import pipelearn_summary

@@ -8,7 +8,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from orchestrator.cost import build_cost_model
-from orchestrator.formats import parse_plan
+from orchestrator.planformat import parse_plan
 from orchestrator.simulator import simulate
 from tests.webapp.factories import PlanFactory, RunFactory
 from webapp.dashboard import planned, selectors

@@ -12,7 +12,7 @@ from itertools import pairwise
 import pytest
 from django.test import Client
 
-from orchestrator.formats import parse_plan
+from orchestrator.planformat import parse_plan
 from tests.webapp.factories import RunFactory
 from webapp.runs.models import Run
 from webapp.runs.selectors import run_planning_inputs

@@ -10,8 +10,9 @@ from collections.abc import Sequence
 from orchestrator.capacity import apply_capacities, capacity_ratios, stage_seconds
 from orchestrator.cost import CostModel, build_cost_model
 from orchestrator.errors import FormatError, PlanningError
-from orchestrator.formats import DeviceSet, ModelProfile, parse_plan
+from orchestrator.formats import DeviceSet, ModelProfile
 from orchestrator.partition import LEARNED
+from orchestrator.planformat import parse_plan
 from webapp.runs.models import (
     Run,
     RunDevice,

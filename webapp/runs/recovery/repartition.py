@@ -9,8 +9,8 @@ from dataclasses import replace
 from django.db import transaction
 
 from orchestrator.errors import FormatError, PlanningError
-from orchestrator.formats import parse_plan
 from orchestrator.partition import run_planner
+from orchestrator.planformat import parse_plan
 from orchestrator.recovery import (
     Decision,
     repartition_decision,

@@ -14,9 +14,10 @@ from django.db import transaction
 
 from orchestrator.cost import CostModel
 from orchestrator.errors import FormatError, PlanningError
-from orchestrator.formats import ModelProfile, parse_plan, synchronous
-from orchestrator.formats import Plan as PlanDocument
+from orchestrator.formats import ModelProfile, synchronous
 from orchestrator.partition import run_planner
+from orchestrator.planformat import Plan as PlanDocument
+from orchestrator.planformat import parse_plan
 from orchestrator.recovery import (
     CENTRAL,
     Holding,

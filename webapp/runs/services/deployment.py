@@ -7,8 +7,9 @@ from typing import Any
 
 from orchestrator.cost import CostModel, build_cost_model
 from orchestrator.errors import FormatError, PlanningError
-from orchestrator.formats import Plan as PlanDocument
-from orchestrator.formats import parse_plan, synchronous
+from orchestrator.formats import synchronous
+from orchestrator.planformat import Plan as PlanDocument
+from orchestrator.planformat import parse_plan
 from orchestrator.protocol import ProtocolError, StageSpec
 from orchestrator.simulator import schedule_inputs
 from webapp.devices.commands import command_build, device_command_send

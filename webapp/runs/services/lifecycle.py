@@ -15,7 +15,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from orchestrator.errors import FormatError
-from orchestrator.formats import parse_plan_stages
+from orchestrator.planformat import parse_plan_stages
 from orchestrator.recovery import unprotected_stages
 from orchestrator.validation import At
 from webapp.common.exceptions import InvalidInput
