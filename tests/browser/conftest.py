@@ -78,8 +78,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             print(f"----- {log.name}\n{log.read_text(errors='replace')[-3000:]}")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium() -> Iterator[Chromium]:
+    """One Chromium per test module. Between its calls Playwright's sync API keeps its event
+    loop marked as the thread's running loop, and Django then refuses every database call from
+    the thread (SynchronousOnlyOperation). In one process pytest-django runs the database tests
+    first; under pytest-xdist a worker runs the modules it is given in turn, so a browser
+    module closes Playwright before the worker's next module."""
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield browser
