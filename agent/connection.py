@@ -63,6 +63,11 @@ class ChannelClosed(Exception):
     """The channel to the server closed (or the server refused the session)."""
 
 
+class SessionRefused(ChannelClosed):
+    """The server answered the session's hello or a clock probe with an error (a protocol
+    version it does not speak, say): logged as an error, and tried again with backoff."""
+
+
 class Channel(Protocol):
     """One connection to the server, carrying JSON objects."""
 
@@ -193,7 +198,9 @@ class Session:
                     await self.run(channel, agent)
             except (TimeoutError, OSError, ChannelClosed,
                     websockets.exceptions.WebSocketException) as exc:
-                if isinstance(exc, websockets.exceptions.InvalidStatus):
+                if isinstance(exc, SessionRefused):
+                    log.error("%s refused this agent's session: %s", server, exc)
+                elif isinstance(exc, websockets.exceptions.InvalidStatus):
                     log.error("the server refused this agent (%s): is it enrolled, or retired?",
                               exc.response.status_code)
                 else:
@@ -211,7 +218,7 @@ class Session:
         """One session over ``channel``, until it closes or the agent stops."""
         await channel.send(agent.hello().to_json())
         early: list[Any] = []
-        welcome = await self._await_reply(channel, Welcome, early)
+        welcome = await self._await_reply(channel, Welcome, early, asked="hello")
         log.info("connected to %s as %s (%s)", self.config.enrolment.server, welcome.device,
                  welcome.name)
         await self._sync_clock(channel, early)
@@ -233,14 +240,15 @@ class Session:
             if task.exception() is not None:
                 raise task.exception()  # type: ignore[misc]
 
-    async def _await_reply(self, channel: Channel, kind: type[M], early: list[Any]) -> M:
+    async def _await_reply(self, channel: Channel, kind: type[M], early: list[Any], *,
+                           asked: str) -> M:
         while True:
             raw = await asyncio.wait_for(channel.receive(), timeout=REPLY_TIMEOUT_S)
             what = raw.get("type") if isinstance(raw, dict) else None
             if what == kind.TYPE:
                 return kind.from_json(raw)
             if what == ErrorReply.TYPE:
-                raise ChannelClosed(f"the server refused {kind.TYPE}: {raw.get('detail')}")
+                raise SessionRefused(f"the server refused its {asked}: {raw.get('detail')}")
             early.append(raw)
 
     async def _sync_clock(self, channel: Channel, early: list[Any]) -> None:
@@ -250,7 +258,7 @@ class Session:
         for i in range(PINGS):
             sent = time.time()
             await channel.send(Ping(id=i).to_json())
-            pong = await self._await_reply(channel, Pong, early)
+            pong = await self._await_reply(channel, Pong, early, asked="ping")
             received = time.time()
             rtt = received - sent
             offset = pong.server_time - (sent + received) / 2

@@ -46,7 +46,7 @@ from agent.warmtimes import WarmTimes
 from agent.weightservice import HttpReplicaServer, ReplicaServer, WeightService
 from agent.workers import freeze_heap, spawn
 from orchestrator.events import TimelineEvent
-from orchestrator.protocol import Ack, Heartbeat, Hello
+from orchestrator.protocol import PROTOCOL, Ack, Heartbeat, Hello
 
 log = logging.getLogger("edgepipe.agent")
 
@@ -160,7 +160,7 @@ class AgentRuntime:
     # ---- what the session asks of the agent (agent.connection.SessionAgent)
 
     def hello(self) -> Hello:
-        return Hello(data_address=self.advertised_address,
+        return Hello(protocol=PROTOCOL, data_address=self.advertised_address,
                      data_key=self.plane.public_key.decode("ascii"),
                      hardware=hardware_description(),
                      overhead_s=min(10.0, self.overhead_s), message_s=min(10.0, self.message_s),

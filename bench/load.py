@@ -51,6 +51,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.live import percentile  # noqa: E402  (the path above makes it importable)
 from bench.testbed import free_port  # noqa: E402
+from orchestrator.protocol import PROTOCOL  # noqa: E402
 
 POSTGRES_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 CONNECT_CONCURRENCY = 16  # WebSocket handshakes in flight
@@ -120,7 +121,8 @@ class SimAgent(Socket):
 
     async def greet(self) -> None:
         await self.ws.send(json.dumps({
-            "type": "hello", "data_address": f"tcp://127.0.0.1:{self.spec['port']}",
+            "type": "hello", "protocol": PROTOCOL,
+            "data_address": f"tcp://127.0.0.1:{self.spec['port']}",
             "data_key": DATA_KEY, "hardware": {"system": "Linux", "cpus": 4}}))
 
     def received(self, now: float, message: dict[str, Any]) -> None:

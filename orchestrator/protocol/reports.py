@@ -54,12 +54,24 @@ HARDWARE = json_document(entries=MAX_HARDWARE_ENTRIES, size=MAX_HARDWARE_BYTES,
                          depth=MAX_HARDWARE_DEPTH)
 
 
+# The version of this protocol that an agent speaks, said in its hello. 1: timeline events and
+# metric points as JSON objects only (agents before events in columns, whose hello has no field
+# for it); 2: also in columns (Events.timeline_columns and metrics_columns), which agents send.
+# A server welcomes agents of its version and older, and refuses a newer one's hello naming
+# ``protocol``; a server older than the field refuses it as a field it does not know. Either
+# way a mismatch shows at connection, not at the run's first events batch.
+PROTOCOL = 2
+MAX_PROTOCOL = 1000
+
+
 @dataclass(frozen=True, kw_only=True)
 class Hello(Message):
-    """The first message of a connection: the agent's data plane (where, and its public key),
-    its hardware, its measured fixed costs and, when it emulates several, its compute resources."""
+    """The first message of a connection: the protocol version the agent speaks, its data plane
+    (where, and its public key), its hardware, its measured fixed costs and, when it emulates
+    several, its compute resources."""
 
     TYPE = "hello"
+    protocol: int = wire(integer(minimum=1, maximum=MAX_PROTOCOL), 1)
     data_address: str = wire(address)
     data_key: str = wire(curve_key)  # the data plane's CURVE public key (Z85)
     # what the agent says about its machine (shown on the dashboard): a few dozen entries

@@ -4,6 +4,7 @@ whose session runs over an in-process channel pair to a test playing the server.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -17,7 +18,7 @@ from agent.config import AgentConfig
 from agent.connection import Channel, Session
 from agent.handlers import CommandHandlers
 from agent.runtime import AgentRuntime
-from orchestrator.protocol import COMMANDS, Hello, ProbeCommand
+from orchestrator.protocol import COMMANDS, PROTOCOL, Hello, ProbeCommand
 from tests.agent.harness import FakeServer, channel_pair
 from tests.agent.test_runtime import ENROLMENT, spec
 
@@ -86,8 +87,9 @@ def test_a_session_says_hello_syncs_its_clock_and_answers_commands() -> None:
         return hello, link, heartbeat, probe, teleport, deploy, deployed, runtime
 
     hello, link, heartbeat, probe, teleport, deploy, deployed, runtime = run_session(scenario)
-    # the hello is the typed one, with this agent's data plane
+    # the hello is the typed one, with this agent's data plane and protocol version
     assert Hello.from_json(hello).data_address == runtime.advertised_address
+    assert hello["protocol"] == PROTOCOL == 2
     # the server's clock runs 100 s ahead of this one: the offset the pings measured
     assert runtime.connection.offset_s == pytest.approx(100.0, abs=0.5)
     assert link["latency_s"] >= 0 and heartbeat["load"]["loadavg_1m"] >= 0
@@ -126,6 +128,22 @@ def test_a_session_the_server_refuses_ends_and_is_tried_again() -> None:
         return await second.greet()
 
     assert run_session(scenario)["type"] == "hello"
+
+
+def test_a_refused_hello_is_logged_as_an_error_naming_the_reason(
+        caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario(runtime: AgentRuntime, servers: asyncio.Queue[FakeServer]) -> Any:
+        first = await servers.get()
+        await first.channel.receive()  # the hello
+        await first.channel.send({"type": "error", "detail": "protocol: upgrade the server",
+                                  "field": "protocol", "in_reply_to": "hello"})
+        return await (await servers.get()).greet()  # and it tries again
+
+    with caplog.at_level(logging.ERROR, logger="edgepipe.agent"):
+        assert run_session(scenario)["type"] == "hello"
+    assert any(r.levelno == logging.ERROR and "refused this agent's session: the server "
+               "refused its hello: protocol: upgrade the server" in r.getMessage()
+               for r in caplog.records), caplog.text
 
 
 def test_every_command_has_one_handler() -> None:

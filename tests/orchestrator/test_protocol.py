@@ -11,6 +11,7 @@ import pytest
 from orchestrator.protocol import (
     AGENT_MESSAGES,
     COMMANDS,
+    PROTOCOL,
     SERVER_MESSAGES,
     Ack,
     ChainReplica,
@@ -153,6 +154,14 @@ def test_optional_fields_are_left_out_and_null_means_absent() -> None:
     assert ExitCommand().id != ExitCommand().id  # each command its own id
 
 
+def test_a_hello_without_a_protocol_version_is_an_older_agent_s() -> None:
+    assert Hello.from_json(hello()).protocol == 1
+    assert Hello.from_json(hello(protocol=PROTOCOL)).protocol == PROTOCOL == 2
+    # this version's agents say theirs, and an older server then refuses the field by name
+    said = Hello(protocol=PROTOCOL, data_address="tcp://127.0.0.1:5601", data_key=KEY).to_json()
+    assert said["protocol"] == PROTOCOL
+
+
 def hello(**fields: Any) -> dict[str, Any]:
     return {"type": "hello", "data_address": "tcp://127.0.0.1:5601", "data_key": KEY, **fields}
 
@@ -169,6 +178,8 @@ RESOURCE = {"kind": "cpu", "speed": 1, "backward_speed": 0.5}
     ([1, 2], "body", "must be a JSON object"),
     ({"type": "hello"}, "data_address", "is missing from the hello message"),
     (hello(colour="red"), "colour", "is not a field of the hello message"),
+    (hello(protocol=0), "protocol", "must be an integer from 1 to 1000"),
+    (hello(protocol="2"), "protocol", "must be an integer from 1 to 1000"),
     (hello(data_address="http://x"), "data_address", "must be tcp://host:port"),
     (hello(data_address="tcp://x:port"), "data_address", "must be tcp://host:port"),
     (hello(data_address="tcp://x:70000"), "data_address", "must be tcp://host:port"),

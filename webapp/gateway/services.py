@@ -16,6 +16,7 @@ from django.utils import timezone
 from orchestrator.errors import FormatError
 from orchestrator.eventcolumns import column_count, parse_metric_columns
 from orchestrator.protocol import (
+    PROTOCOL,
     Ack,
     DeployCommand,
     Events,
@@ -106,6 +107,9 @@ def agent_disconnected(*, device_id: int, channel: str) -> bool:
 
 
 def _hello(device: Device, message: Hello) -> Reply:
+    if message.protocol > PROTOCOL:  # it would send what this server cannot read: say so now
+        raise InvalidInput("protocol", f"the agent speaks protocol {message.protocol} and this "
+                                       f"server {PROTOCOL} or older: upgrade the server")
     device.data_address = message.data_address
     device.data_key = message.data_key
     # its emulated compute resources (--resources): said anew at each hello, none without

@@ -11,6 +11,7 @@ from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 
+from orchestrator.protocol import PROTOCOL
 from tests.webapp.factories import (
     DATA_KEY,
     DeviceFactory,
@@ -133,6 +134,32 @@ def test_hello_stores_the_agents_measured_fixed_costs() -> None:
     assert "between 0 and 10" in replies[0]["detail"]
     assert replies[1]["type"] == "welcome"
     assert (device.overhead_s, device.message_s) == (0.001, 0.0002)
+
+
+def test_a_newer_agent_s_hello_is_refused_naming_the_protocol_and_an_older_one_welcomed(
+        ) -> None:
+    device = DeviceFactory(data_address="", status=Device.Status.OFFLINE)
+    base = {"type": "hello", "data_key": DATA_KEY, "data_address": "tcp://10.0.0.2:5601"}
+
+    async def scenario() -> list[dict[str, Any]]:
+        link = agent(device)
+        assert (await link.connect())[0]
+        replies = []
+        for message in ({**base, "protocol": PROTOCOL + 1}, base, {**base, "protocol": PROTOCOL}):
+            await link.send_json_to(message)
+            replies.append(await link.receive_json_from(timeout=5))
+            if len(replies) == 1:  # refused whole: its data plane not stored
+                await database_sync_to_async(device.refresh_from_db)()
+                assert device.data_address == ""
+        await link.disconnect()
+        return replies
+
+    newer, older, same = async_to_sync(scenario)()
+    assert newer["type"] == "error" and newer["field"] == "protocol"
+    assert newer["in_reply_to"] == "hello"
+    assert f"speaks protocol {PROTOCOL + 1}" in newer["detail"]
+    assert "upgrade the server" in newer["detail"]
+    assert older["type"] == same["type"] == "welcome"  # no version: an older agent's, welcome
 
 
 def test_a_run_is_deployed_started_fed_and_finished_by_its_agents() -> None:
