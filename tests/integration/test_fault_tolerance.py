@@ -141,19 +141,31 @@ def test_a_killed_agent_s_run_recovers_and_finishes(var: Path, scenario: str) ->
                 if len(group) == 1:
                     assert reached == [end], (number, group)
 
-    # the loss goes on from where it was (the weights were restored, not reset)
+    # the loss goes on from where it was at the resume point (the weights were restored, not
+    # reset). The reference is the loss when the old generation trained the resume point, not
+    # just before the fault: the newest replica may be a replica interval or two behind (one
+    # lagged on a loaded machine: resumed at an early point whose loss had not fallen yet; at
+    # 240 of 293, the loss 0.17 before the fault was 0.35-0.75 at the resume point)
     losses = rows(var, "SELECT at, value FROM runs_metricpoint WHERE run_id = ? AND "
                        "kind = 'loss' ORDER BY at", run)
     detected = min(f["detected_s"] for f in summary["faults"])
     resumed = max(f["resumed_s"] for f in summary["faults"])
+    resume = generations[-1][2]
     first = sum(v for _, v in losses[:16]) / 16
     before = [v for at, v in losses if at < detected][-16:]
     after = [v for at, v in losses if at > resumed][:16]
     assert len(before) == len(after) == 16
     mean_before, mean_after = sum(before) / 16, sum(after) / 16
     assert mean_before < 0.9 * first  # it had learned something to lose
-    assert mean_after < min(first - 0.5 * (first - mean_before), 1.5 * mean_before), (
-        first, mean_before, mean_after)
+    if resume > 0:  # else it restarted from the seed: nothing to go on from
+        [(trained,)] = rows(var, "SELECT min(start) FROM runs_timelineevent WHERE run_id = ? AND "
+                                 "kind = 'update' AND microbatch = ? AND start < ?",
+                            run, resume - 1, replanned[-1])
+        at_resume = [v for at, v in losses if at <= trained][-16:]
+        mean_resume = sum(at_resume) / len(at_resume)
+        if mean_resume < 0.9 * first:  # it had learned something by the resume point
+            assert mean_after < min(first - 0.5 * (first - mean_resume), 1.5 * mean_resume), (
+                resume, first, mean_resume, mean_before, mean_after)
     assert summary["loss_last"] < 0.3 * summary["loss_first"]
 
     # the global replicas hold each parameter's momentum buffer beside it under momentum
