@@ -27,7 +27,12 @@ times a fifth and four fifths of the run's events were stored, read from the dat
 half second; torch: its ranks over the middle 60% of their batches), of which EdgePipe's web
 server (each of EdgePipe's process groups' share is on each pair's line and in the JSON as
 ``cpu_ms:<group>``); and the web server's cores per 1,000 timeline events a second, in that
-window and, "(run)", over the whole run, whose start and end do not grow with the events.
+window and, "(run)", over the whole run, whose start and end do not grow with the events;
+the slowest stage's milliseconds a micro-batch in its passes and updates while it trains
+("passes": EdgePipe's from the run's timeline events, torch's timed around PipelineStage's
+forward_one_chunk, backward_one_chunk and the optimizer's step, the middle 60% of each; every
+stage's in the JSON as ``*_pass_ms:<stage>``) beside the time between micro-batches
+("period"), which tells the passes' own slowdown in the run from the runtime's gaps.
 The JSON line also holds each system's CPU over the whole run (``_run``: EdgePipe's from the
 run's start to its end, torch's over its training loop). The run's end is awaited in the
 database, not through the web server's API, whose polling a user's page does not do. Prints
@@ -46,7 +51,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -101,7 +106,7 @@ def train_edgepipe(testbed: Any, spec: int, config: Config, *, batches: int
     """One EdgePipe run of the uniform plan over the testbed's first ``config.stages`` agents:
     its cuts, steady samples/s, CPU seconds per process group over the run and event count."""
     from webapp.demo.scenario import chosen_plan
-    from webapp.runs.models import Plan, Run
+    from webapp.runs.models import Plan, Run, TimelineEvent
     from webapp.runs.summaries import run_summary
 
     compared = testbed.plan(spec, devices=testbed.devices[:config.stages],
@@ -124,11 +129,31 @@ def train_edgepipe(testbed: Any, spec: int, config: Config, *, batches: int
         raise SystemExit(f"{config.label}: the run ended {summary['state']}: "
                          f"{summary['error']}")
     cpu = {name: after[name] - before[name] for name in groups}
+    events = TimelineEvent.objects.filter(run_id=compared["run"], kind__in=PASS_KINDS)
+    passes = stage_pass_ms(events.values_list("stage", "microbatch", "start", "end"),
+                           stages=config.stages, microbatches=batches * MICROBATCHES)
     return {"cuts": cuts, "sps": summary["throughput_steady_sps"], "cpu_s": cpu,
+            "pass_ms": passes,
             "events": summary["events"], "makespan_s": summary["makespan_s"],
             "steady": steady_figures(samples, events_per_microbatch=summary["events"] / (
                 batches * MICROBATCHES)),
             "loss_first": summary["loss_first"], "loss_last": summary["loss_last"]}
+
+
+PASS_KINDS = ("forward", "backward", "update")
+
+
+def stage_pass_ms(events: Iterable[tuple[int, int, float, float]], *, stages: int,
+                  microbatches: int, skip: float = 0.2) -> list[float]:
+    """Each stage's milliseconds a micro-batch in its passes and updates, from its timeline
+    events (stage, micro-batch, start, end) of the middle micro-batches (leaving out the first
+    and last ``skip`` of them: fill and drain)."""
+    first, final = int(microbatches * skip), microbatches - int(microbatches * skip)
+    busy = [0.0] * stages
+    for stage, microbatch, start, end in events:
+        if first <= microbatch < final:
+            busy[stage] += end - start
+    return [1e3 * b / max(1, final - first) for b in busy]
 
 
 @dataclass(frozen=True)
@@ -192,6 +217,7 @@ def train_peer(config: Config, cuts: Sequence[tuple[int, int]], *, batches: int,
                    batch_size=BATCH_SIZE, batches=batches, lr=LR, layout=layout)
     result = train_torch(run)
     return {"sps": steady_sps(result.batch_ends_s, MICROBATCHES * BATCH_SIZE),
+            "pass_ms": [1e3 * s / MICROBATCHES for s in result.steady_pass_per_batch_s()],
             "cpu_s": result.cpu_total_s, "steady_cpu_s": result.steady_cpu_per_batch_s(),
             "loss_first": result.losses[0], "loss_last": result.losses[-1]}
 
@@ -217,6 +243,14 @@ def pair_figures(ours: dict[str, Any], theirs: dict[str, Any], *, microbatches: 
             "edgepipe_cpu_ms": steady["cpu_ms"],
             **{key: value for key, value in steady.items() if key.startswith("cpu_ms:")},
             "torch_cpu_ms": 1e3 * theirs["steady_cpu_s"] / MICROBATCHES,
+            # the slowest stage's passes and updates a micro-batch while it trained, and the
+            # time between micro-batches (the steady throughput's), of each system
+            "edgepipe_pass_ms": max(ours["pass_ms"], default=0.0),
+            "torch_pass_ms": max(theirs["pass_ms"], default=0.0),
+            **{f"edgepipe_pass_ms:{k}": ms for k, ms in enumerate(ours["pass_ms"])},
+            **{f"torch_pass_ms:{k}": ms for k, ms in enumerate(theirs["pass_ms"])},
+            "edgepipe_period_ms": 1e3 * BATCH_SIZE / ours["sps"] if ours["sps"] else 0.0,
+            "torch_period_ms": 1e3 * BATCH_SIZE / theirs["sps"] if theirs["sps"] else 0.0,
             "web_cpu_ms": steady["web_cpu_ms"],
             "events_per_s": steady["events_per_s"],
             "web_cores_per_1000_events_s": steady["web_cores_per_1000_events_s"],
@@ -272,7 +306,8 @@ def run_config(testbed: Any, spec: int, config: Config, *, pairs: int, batches: 
 def table(rows: Sequence[dict[str, Any]]) -> str:
     header = (f"{'model':5} {'S':>1} {'schedule':9} {'torch':13} {'EdgePipe sps':>12} "
               f"{'torch sps':>9} {'bound':>6} {'ratio (min-max)':>16} {'CPU ms/mb EP':>12} "
-              f"{'torch':>6} {'web':>5} {'ev/s':>6} {'web/1k ev/s':>11} {'(run)':>6}")
+              f"{'torch':>6} {'web':>5} {'ev/s':>6} {'web/1k ev/s':>11} {'(run)':>6} "
+              f"{'passes ms EP':>12} {'torch':>6} {'period EP':>9} {'torch':>6}")
     lines = [header, "-" * len(header)]
     for r in rows:
         lines.append(
@@ -283,7 +318,9 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
             f" {r['edgepipe_cpu_ms']['median']:>12.2f} {r['torch_cpu_ms']['median']:>6.2f} "
             f"{r['web_cpu_ms']['median']:>5.2f} {r['events_per_s']['median']:>6.0f} "
             f"{r['web_cores_per_1000_events_s']['median']:>11.3f} "
-            f"{r['web_cores_per_1000_events_s_run']['median']:>6.3f}")
+            f"{r['web_cores_per_1000_events_s_run']['median']:>6.3f} "
+            f"{r['edgepipe_pass_ms']['median']:>12.2f} {r['torch_pass_ms']['median']:>6.2f} "
+            f"{r['edgepipe_period_ms']['median']:>9.2f} {r['torch_period_ms']['median']:>6.2f}")
     return "\n".join(lines)
 
 

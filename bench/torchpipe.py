@@ -9,9 +9,10 @@ cuts of the EdgePipe plan it is compared with) and trains them with
 after each batch. The data are the agents' (agent.data): batch b holds micro-batches
 b x microbatches .. (b + 1) x microbatches - 1 of the run's seed, in order.
 
-Each rank writes what it measured (the end of every batch and its CPU seconds by then, the
-last stage's losses) as JSON, and its stage's weights as safetensors when asked, to a
-directory the parent reads: nothing crosses between the processes as pickle.
+Each rank writes what it measured (the end of every batch and its CPU seconds by then, its
+seconds in its stage's passes and update in each batch, the last stage's losses) as JSON,
+and its stage's weights as safetensors when asked, to a directory the parent reads: nothing
+crosses between the processes as pickle.
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ class TorchResult:
     losses: tuple[float, ...]  # the mean loss of each batch
     # each rank's CPU seconds from the loop's start to the end of each batch
     batch_cpu_s: tuple[tuple[float, ...], ...] = ()
+    # each rank's seconds in its stage's passes and update in each batch: the forwards and
+    # backwards PipelineStage ran (forward_one_chunk, backward_one_chunk) and optimizer.step
+    batch_pass_s: tuple[tuple[float, ...], ...] = ()
 
     @property
     def cpu_total_s(self) -> float:
@@ -70,6 +74,16 @@ class TorchResult:
         if final - first < 1:
             return self.cpu_total_s / max(1, len(self.batch_ends_s))
         return sum(c[final] - c[first] for c in self.batch_cpu_s) / (final - first)
+
+    def steady_pass_per_batch_s(self, skip: float = 0.2) -> tuple[float, ...]:
+        """Each rank's seconds in its passes and update per batch over the middle batches
+        (the whole loop's when there are too few)."""
+        out = []
+        for per_batch in self.batch_pass_s:
+            first, final = int(len(per_batch) * skip), len(per_batch) - int(len(per_batch) * skip)
+            middle = per_batch[first:final] or per_batch
+            out.append(sum(middle) / max(1, len(middle)))
+        return tuple(out)
 
 
 def steady_sps(ends: Sequence[float], samples_per_end: int, skip: float = 0.2) -> float:
@@ -135,6 +149,22 @@ def _rank_main(rank: int, world: int, port: int, run_json: str, out: str, save: 
         schedule = schedule_class(stage, n_microbatches=run.microbatches,
                                   loss_fn=torch.nn.functional.cross_entropy)
         optimizer = torch.optim.SGD(module.parameters(), lr=run.lr)
+        in_passes = [0.0]  # this batch's seconds in the stage's passes and update so far
+
+        def timed(method: Any) -> Any:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                began = time.perf_counter()
+                try:
+                    return method(*args, **kwargs)
+                finally:
+                    in_passes[0] += time.perf_counter() - began
+            return call
+
+        # the schedules call these on the stage for each micro-batch's forward and backward
+        stage.forward_one_chunk = timed(stage.forward_one_chunk)  # type: ignore[method-assign]
+        stage.backward_one_chunk = timed(stage.backward_one_chunk)  # type: ignore[method-assign]
+        step = timed(optimizer.step)
+        passes: list[float] = []
         ends: list[float] = []
         cpus: list[float] = []
         batch_losses: list[float] = []
@@ -144,6 +174,7 @@ def _rank_main(rank: int, world: int, port: int, run_json: str, out: str, save: 
             parts = [data.microbatch(m, run.batch_size, seed=run.seed)
                      for m in range(b * run.microbatches, (b + 1) * run.microbatches)]
             optimizer.zero_grad()
+            in_passes[0] = 0.0
             if rank == 0:
                 schedule.step(torch.cat([x for x, _ in parts]))
             elif rank == world - 1:
@@ -152,13 +183,15 @@ def _rank_main(rank: int, world: int, port: int, run_json: str, out: str, save: 
                 batch_losses.append(float(torch.stack(losses).detach().mean()))
             else:
                 schedule.step()
-            optimizer.step()
+            step()
+            passes.append(in_passes[0])
             ends.append(time.perf_counter() - start)
             cpus.append(time.process_time() - cpu_start)
         cpu = time.process_time() - cpu_start
         dist.barrier()
         (Path(out) / f"rank{rank}.json").write_text(json.dumps(
-            {"ends": ends, "cpu_s": cpu, "cpus": cpus, "losses": batch_losses}))
+            {"ends": ends, "cpu_s": cpu, "cpus": cpus, "losses": batch_losses,
+             "passes": passes}))
         if save:
             from safetensors.torch import save_file
 
@@ -191,4 +224,5 @@ def train_torch(run: TorchRun, *, weights_dir: Path | None = None,
     return TorchResult(batch_ends_s=tuple(measured[-1]["ends"]),
                        cpu_s=tuple(m["cpu_s"] for m in measured),
                        losses=tuple(measured[-1]["losses"]),
-                       batch_cpu_s=tuple(tuple(m["cpus"]) for m in measured))
+                       batch_cpu_s=tuple(tuple(m["cpus"]) for m in measured),
+                       batch_pass_s=tuple(tuple(m["passes"]) for m in measured))

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from agent.data import load_dataset
 from agent.zoo import build_model
-from bench.peer import Sample, group_cpu_s, main, pair_figures, steady_figures
+from bench.peer import Sample, group_cpu_s, main, pair_figures, stage_pass_ms, steady_figures
 from bench.torchpipe import TorchResult, TorchRun, steady_sps, train_torch
 
 BUSY_FOR_HALF_A_CPU_SECOND = """
@@ -66,6 +66,10 @@ def test_torchs_pipeline_trains_the_model_one_process_would(tmp_path: Path, sche
     assert len(result.batch_ends_s) == 3 and len(result.losses) == 3
     assert list(result.batch_ends_s) == sorted(result.batch_ends_s)
     assert len(result.cpu_s) == 2 and all(c > 0 for c in result.cpu_s)
+    # each rank's passes and update took time in every batch, a part of the loop's
+    assert [len(p) for p in result.batch_pass_s] == [3, 3]
+    assert all(s > 0 for p in result.batch_pass_s for s in p)
+    assert all(sum(p) < result.batch_ends_s[-1] for p in result.batch_pass_s)
 
 
 @pytest.mark.slow
@@ -129,12 +133,17 @@ def test_steady_throughput_leaves_out_fill_and_drain():
 
 def test_a_pairs_figures():
     ours = {"sps": 3000.0, "cpu_s": {"web": 1.0, "worker": 0.2, "agent-peer-0": 3.0},
-            "events": 20_000, "makespan_s": 10.0,
+            "events": 20_000, "makespan_s": 10.0, "pass_ms": [2.0, 2.5],
             "steady": {"cpu_ms": 4.5, "cpu_ms:web": 1.0, "cpu_ms:agent-peer-0": 3.5,
                        "web_cpu_ms": 1.0, "events_per_s": 2000.0,
                        "web_cores": 0.08, "web_cores_per_1000_events_s": 0.04}}
-    theirs = {"sps": 2500.0, "cpu_s": 3.2, "steady_cpu_s": 0.024}
+    theirs = {"sps": 2500.0, "cpu_s": 3.2, "steady_cpu_s": 0.024, "pass_ms": [2.25, 1.0]}
     pair = pair_figures(ours, theirs, microbatches=800)
+    # the slowest stage's passes, each stage's, and the time between micro-batches of 32
+    assert (pair["edgepipe_pass_ms"], pair["torch_pass_ms"]) == (2.5, 2.25)
+    assert pair["edgepipe_pass_ms:0"] == 2.0 and pair["torch_pass_ms:1"] == 1.0
+    assert pair["edgepipe_period_ms"] == pytest.approx(32 / 3.0)
+    assert pair["torch_period_ms"] == pytest.approx(32 / 2.5)
     assert pair["ratio"] == pytest.approx(1.2)
     assert pair["edgepipe_cpu_ms"] == 4.5 and pair["web_cpu_ms"] == 1.0
     assert pair["cpu_ms:agent-peer-0"] == 3.5
@@ -168,6 +177,13 @@ def test_the_steady_figures_leave_out_the_runs_start_and_end():
     assert steady_figures(samples[:2], events_per_microbatch=10.0)["cpu_ms"] == 0.0
 
 
+def test_a_stages_pass_times_leave_out_fill_and_drain():
+    # 10 micro-batches: 2..7 count; stage 1's forward of 1 and backward of 8 do not
+    events = [(0, m, 1.0 * m, 1.0 * m + 0.002) for m in range(10)]
+    events += [(1, 1, 0.0, 5.0), (1, 4, 0.0, 0.003), (1, 4, 1.0, 1.003), (1, 8, 0.0, 5.0)]
+    assert stage_pass_ms(events, stages=3, microbatches=10) == pytest.approx([2.0, 1.0, 0.0])
+
+
 def test_torchs_steady_cpu_leaves_out_the_first_and_last_batches():
     result = TorchResult(batch_ends_s=tuple(float(b) for b in range(1, 11)), cpu_s=(9.0, 4.0),
                          losses=(1.0,) * 10,
@@ -175,6 +191,14 @@ def test_torchs_steady_cpu_leaves_out_the_first_and_last_batches():
                                       tuple(0.25 * b + 1.5 for b in range(1, 11))))
     # batches 2..7: rank 0 0.5 s a batch, rank 1 0.25
     assert result.steady_cpu_per_batch_s() == pytest.approx(0.75)
+
+
+def test_torchs_steady_pass_times_leave_out_the_first_and_last_batches():
+    result = TorchResult(batch_ends_s=tuple(float(b) for b in range(1, 11)), cpu_s=(9.0, 4.0),
+                         losses=(1.0,) * 10,
+                         batch_pass_s=((9.0, 9.0, 1.0, 2.0, 2.0, 1.0, 2.0, 1.0, 9.0, 9.0),
+                                       (0.5,) * 10))
+    assert result.steady_pass_per_batch_s() == pytest.approx((1.5, 0.5))
 
 
 @pytest.mark.parametrize(("argv", "says"), [
