@@ -346,6 +346,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="batches of 8 micro-batches per run (default: mlp "
                              f"{DEFAULT_BATCHES['mlp']}, vgg5 {DEFAULT_BATCHES['vgg5']})")
     parser.add_argument("--port", type=int, default=None, help="web server port (default: free)")
+    parser.add_argument("--server-nice", type=int, default=None, metavar="N",
+                        help="how much lower the web server's and worker's CPU priority is "
+                             "than the agents' (default: the testbed's, "
+                             "webapp.demo.scenario.SERVER_NICE; 0: the same)")
     parser.add_argument("--torch-layout", choices=("contiguous", "channels_last"),
                         default="contiguous",
                         help="the memory format of torch's stage modules (default contiguous, "
@@ -357,11 +361,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     schedules = parse_list(args.schedules, SCHEDULES, "--schedules")
     if args.pairs < 1 or (args.batches is not None and args.batches < 5):
         raise SystemExit("--pairs must be at least 1 and --batches at least 5")
+    if args.server_nice is not None and args.server_nice < 0:
+        raise SystemExit("--server-nice must be at least 0")
     var_dir = tempfile.mkdtemp(prefix="edgepipe-peer-")
     print(f"state and logs in {var_dir}", file=sys.stderr)
     setup_django(var_dir)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per poll of the run
-    from webapp.demo.scenario import DemoAgent, LocalTestbed
+    from webapp.demo.scenario import SERVER_NICE, DemoAgent, LocalTestbed
 
     def say(line: str) -> None:
         print(line, file=sys.stderr)
@@ -369,7 +375,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     agents = [DemoAgent(f"peer-{k}") for k in range(max(stages))]
     rows: list[dict[str, Any]] = []
     started = time.monotonic()
-    with LocalTestbed(agents=agents, port=args.port or free_port(), say=say) as testbed:
+    server_nice = SERVER_NICE if args.server_nice is None else args.server_nice
+    with LocalTestbed(agents=agents, port=args.port or free_port(), say=say,
+                      server_nice=server_nice) as testbed:
         testbed.measure_links()
         for model in models:
             spec = testbed.model_spec(model=model, dataset="digits", batch_size=BATCH_SIZE)
@@ -382,6 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(table(rows))
     print(json.dumps({"bench": "peer", "microbatches": MICROBATCHES, "batch_size": BATCH_SIZE,
                       "lr": LR, "pairs": args.pairs, "torch_layout": args.torch_layout,
+                      "server_nice": server_nice,
                       "wall_s": time.monotonic() - started,
                       "configs": rows}))
     return 0

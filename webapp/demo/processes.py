@@ -27,12 +27,18 @@ class ProcessGroup:
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     children: dict[str, Child] = field(default_factory=dict)
 
-    def start(self, name: str, command: list[str]) -> Child:
+    def start(self, name: str, command: list[str], *, nice: int = 0) -> Child:
+        """Start ``command`` as ``name``; ``nice`` > 0 lowers its CPU priority by that much
+        (the child is just past its exec, before its interpreter starts any thread: every
+        thread it starts inherits it)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         child = Child(name=name, command=command, log_path=self.log_dir / f"{name}.log")
         with child.log_path.open("ab") as log:
             child.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                              env=self.env, process_group=0)
+        if nice > 0:
+            os.setpriority(os.PRIO_PROCESS, child.process.pid,
+                           os.getpriority(os.PRIO_PROCESS, 0) + nice)
         self.children[name] = child
         return child
 

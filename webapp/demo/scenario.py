@@ -81,21 +81,32 @@ def ensure_demo_admin(*, username: str = "admin", email: str = "admin@localhost"
     return password
 
 
+# how much lower the CPU priority of the testbed's web servers and workers is than its agents':
+# on one machine the agents' training comes first, and the server takes the time they leave
+# (on two cores, at the agents' priority the web server slowed the first stage of a two-stage
+# VGG-5 by 13-16% and its throughput by 15-20%: docs/benchmarks.md, "The server's priority")
+SERVER_NICE = 10
+
+
 class LocalTestbed:
     """The web server, a planning worker and local agents, for as long as the ``with`` lasts."""
 
     def __init__(self, *, agents: Sequence[DemoAgent] = DEFAULT_AGENTS,
                  host: str = "127.0.0.1", port: int = 8000,
                  say: Callable[[str], None] = print, more_web_ports: Sequence[int] = (),
-                 workers: int = 1) -> None:
+                 workers: int = 1, server_nice: int = SERVER_NICE) -> None:
         """``more_web_ports``: web processes beside the one on ``port`` (the agents connect to
         them in turn; a shared channel layer and database make them one server), and
-        ``workers`` Celery workers (one runs beat)."""
+        ``workers`` Celery workers (one runs beat); ``server_nice``: how much lower than the
+        agents' the web servers' and workers' CPU priority is (0: the same)."""
         self.agents = tuple(agents)
         self.url = f"http://{host}:{port}"
         self.host, self.port, self.say = host, port, say
         self.web_ports = (port, *more_web_ports)
         self.workers = workers
+        if server_nice < 0:
+            raise DemoError(f"server_nice must be at least 0, got {server_nice}")
+        self.server_nice = server_nice
         self.dir = Path(settings.VAR_DIR) / "demo"
         self.processes = ProcessGroup(log_dir=self.dir / "logs")
         self.api = ApiClient(self.url)
@@ -150,13 +161,13 @@ class LocalTestbed:
         for k, port in enumerate(self.web_ports):
             self.processes.start("web" if k == 0 else f"web-{k + 1}", [
                 python, "-m", "daphne", "-b", self.host, "-p", str(port),
-                "webapp.asgi:application"])
+                "webapp.asgi:application"], nice=self.server_nice)
         for k in range(self.workers):
             self.processes.start("worker" if k == 0 else f"worker-{k + 1}", [
                 python, "-m", "celery", "-A", "webapp", "worker", "--loglevel", "INFO",
                 "--concurrency", "1", "--hostname", f"worker{k + 1}@%h",
                 *(["--beat", "--schedule", settings.CELERY_BEAT_SCHEDULE_FILENAME]
-                  if k == 0 else [])])
+                  if k == 0 else [])], nice=self.server_nice)
 
     def agent_config(self, agent: DemoAgent) -> Path:
         return self.dir / "agents" / f"{agent.name}.json"

@@ -5,6 +5,7 @@ with the integration tests)."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -23,11 +24,12 @@ from django.utils import timezone
 
 from orchestrator.schedule import MAX_MICROBATCHES
 from tests.webapp.factories import RunFactory
+from tests.webapp.integration.stack import free_port
 from webapp.demo.client import DemoError
 from webapp.demo.demo import DemoOptions, run_demo, stop_run
 from webapp.demo.management.commands.demo import Command
 from webapp.demo.processes import ProcessGroup
-from webapp.demo.scenario import DEFAULT_AGENTS, DemoAgent, LocalTestbed
+from webapp.demo.scenario import DEFAULT_AGENTS, SERVER_NICE, DemoAgent, LocalTestbed
 from webapp.demo.triggers import When, run_progress
 from webapp.runs.models import TimelineEvent
 
@@ -56,6 +58,42 @@ def test_a_killed_child_is_expected_one_that_stops_on_its_own_is_not(group: Proc
         time.sleep(0.05)
     exited = group.exited()
     assert exited is not None and exited.name == "agent-d"
+
+
+def test_a_child_started_nicer_runs_nicer_and_so_do_the_threads_it_starts(group: ProcessGroup):
+    # Arrange: a child that reports its niceness and a new thread's, after its interpreter
+    # started (the web server starts its threads once its imports are done)
+    report = ("import os, threading, time; time.sleep(0.3); got = []; "
+              "t = threading.Thread(target=lambda: got.append(os.getpriority(os.PRIO_PROCESS, 0)));"
+              " t.start(); t.join(); print('nice', os.getpriority(os.PRIO_PROCESS, 0), got[0], "
+              "flush=True)")
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+
+    # Act
+    nicer = group.start("web", [sys.executable, "-c", report], nice=10)
+    same = group.start("agent-a", [sys.executable, "-c", report])
+
+    # Assert
+    for child, expected in ((nicer, min(19, ours + 10)), (same, ours)):
+        assert child.process is not None and child.process.wait(timeout=30) == 0
+        assert f"nice {expected} {expected}" in child.log_path.read_text(), child.name
+
+
+def test_the_testbed_starts_its_servers_beneath_its_agents(tmp_path: Path, monkeypatch):
+    started: dict[str, int] = {}
+
+    class Recording(ProcessGroup):
+        def start(self, name: str, command: list[str], *, nice: int = 0) -> Any:
+            started[name] = nice
+
+    bed = LocalTestbed(say=lambda line: None, port=free_port(), workers=2)
+    bed.processes = Recording(log_dir=tmp_path)
+    bed._start_servers()
+    assert started == {"web": SERVER_NICE, "worker": SERVER_NICE, "worker-2": SERVER_NICE}
+    assert SERVER_NICE > 0
+    assert LocalTestbed(say=lambda line: None, server_nice=0).server_nice == 0
+    with pytest.raises(DemoError, match="server_nice must be at least 0"):
+        LocalTestbed(say=lambda line: None, server_nice=-1)
 
 
 class FakeApi:
