@@ -61,6 +61,7 @@ from torch import nn
 from agent.data import Dataset
 from agent.emulation import Slowdown
 from agent.fixedcosts import CostClock, FixedCosts
+from agent.gradsum import GradientSum
 from agent.layered import backward_layers, forward_layers, layers_of_parameters
 from agent.optim import SGD
 from agent.sharing import Sharing
@@ -207,8 +208,7 @@ class StageExecutor(StageIO, StageWeights, Sharing):
             needed=[self.base_version + g.updates for g in self.gates.values()])
         self.in_flight: dict[int, _InFlight] = {}
         self.grads: dict[int, list[torch.Tensor]] = {}
-        self.accumulated: list[torch.Tensor] | None = None
-        self.accumulated_count = 0
+        self.gradient_sum = GradientSum(self.params)  # a synchronous schedule's, per batch
         self.group_done = {}
         self.latest_header_version = self.version
         self.aggregation = None if not spec.aggregate_every else Aggregation(
@@ -453,6 +453,24 @@ class StageExecutor(StageIO, StageWeights, Sharing):
         flight = self._take_in_flight(m)
         wrt = flight.params
         needs_input_grad = not self.spec.first
+        if self.synchronous and not self.layered and wrt is self.params:
+            # summed into the parameters' .grad, as torch's backward sums (agent.gradsum)
+            input_grad = self._timed("backward", m, flight.header_version, functools.partial(
+                self.gradient_sum.backward, flight.output, upstream,
+                flight.inputs if needs_input_grad else None))
+            if input_grad is not None:
+                self._send("gradient", k - 1, m, flight.header_version, input_grad)
+        else:
+            self._backward_apart(flight, upstream, k, m, needs_input_grad)
+        self.result.backwards.append(m)
+        if self.tick == "B":
+            self.costs.mark(len(self.result.backwards))
+
+    def _backward_apart(self, flight: _InFlight, upstream: torch.Tensor | None, k: int,
+                        m: int, needs_input_grad: bool) -> None:
+        """A backward whose gradients come back as tensors: on a stashed snapshot, in parts, or
+        under asynchronous 1F1B, whose update takes each micro-batch's own."""
+        wrt = flight.params
 
         def work() -> tuple[torch.Tensor | None, ...]:
             inputs = ([flight.inputs] if needs_input_grad else []) + wrt
@@ -470,17 +488,9 @@ class StageExecutor(StageIO, StageWeights, Sharing):
             input_grad = grads[0] if grads[0] is not None else torch.zeros_like(flight.inputs)
             self._send("gradient", k - 1, m, flight.header_version, input_grad)
         if self.synchronous:
-            if self.accumulated is None:
-                self.accumulated = param_grads
-            else:
-                self.accumulated = [a + g for a, g in zip(self.accumulated, param_grads,
-                                                          strict=True)]
-            self.accumulated_count += 1
+            self.gradient_sum.add(param_grads)
         else:
             self.grads[m] = param_grads
-        self.result.backwards.append(m)
-        if self.tick == "B":
-            self.costs.mark(len(self.result.backwards))
 
     def _backward_in_parts(self, flight: _InFlight, upstream: torch.Tensor, m: int,
                            needs_input_grad: bool) -> tuple[torch.Tensor | None, ...]:
@@ -504,10 +514,10 @@ class StageExecutor(StageIO, StageWeights, Sharing):
     def update(self, action: Action) -> None:
         m = action.microbatch
         if self.synchronous:
-            if self.accumulated is None:
+            batch = self.gradient_sum.take()
+            if batch is None:
                 return
-            grads = [g / self.accumulated_count for g in self.accumulated]
-            self.accumulated, self.accumulated_count = None, 0
+            grads = batch
         else:
             grads = self.grads.pop(m) if m in self.grads else self._peer_gradients(m)
 

@@ -14,6 +14,7 @@ from typing import Protocol
 
 import torch
 
+from agent.gradsum import GradientSum
 from agent.gradsync import flatten, ring_all_reduce, send_gradients, unflatten
 from agent.transport import DataPlane
 from agent.versions import WeightVersions
@@ -55,8 +56,7 @@ class Host(Protocol):
     def version(self) -> int: ...
     @property
     def on_event(self) -> Callable[[TimelineEvent], None]: ...
-    accumulated: list[torch.Tensor] | None
-    accumulated_count: int
+    gradient_sum: GradientSum
     excluded: frozenset[int]
     round_uploader: bool
     group_done: dict[str, tuple[int, torch.Tensor]]
@@ -96,8 +96,7 @@ class GroupChanged(RuntimeError):
 
 
 class Sharing:
-    accumulated: list[torch.Tensor] | None
-    accumulated_count: int
+    gradient_sum: GradientSum
     excluded: frozenset[int] = frozenset()  # pipelines the run went on without
     round_uploader: bool = False  # sends each round's average to the server without a store
     # by what ("avg", "bar"): the index and result of the last group all-reduce this member
@@ -115,17 +114,17 @@ class Sharing:
                                   sent_at=self.clock.absolute)
         else:
             like = self.params
-            held = self.accumulated or [torch.zeros_like(p) for p in like]
+            held = self.gradient_sum.total or [torch.zeros_like(p) for p in like]
             flat = torch.cat([flatten(held, dtype=like[0].dtype),
-                              torch.tensor([float(self.accumulated_count)], dtype=like[0].dtype)])
+                              torch.tensor([float(self.gradient_sum.count)],
+                                           dtype=like[0].dtype)])
             total, sent = ring_all_reduce(
                 flat, group=spec.replicas, me=spec.device,
                 send=lambda peer, step, chunk: self._send_chunk(peer, m, step, chunk),
                 receive=lambda step: self._receive(
                     "grads", m, name=f"{spec.tag}:{step}").tensor)
             # the replicas' summed gradients and micro-batches: the update takes the average
-            self.accumulated = unflatten(total[:-1], like)
-            self.accumulated_count = round(float(total[-1]))
+            self.gradient_sum.replace(unflatten(total[:-1], like), round(float(total[-1])))
         self.on_event(TimelineEvent(spec.run, spec.device, spec.stage, "aggregate", m,
                                     self.version, start, self.clock.now(), sent,
                                     pipeline=spec.pipeline))

@@ -74,6 +74,31 @@ def test_a_synchronous_pipeline_equals_training_on_one_device() -> None:
     assert torch.equal(one_weights, three_weights)
 
 
+def test_a_flush_of_several_microbatches_trains_as_torch_bit_for_bit() -> None:
+    # each stage sums a batch's gradients in its parameters' .grad (agent.gradsum), as
+    # torch's backward does: the same additions in the same order as one torch.nn model
+    # trained on the batch's micro-batches with torch.optim.SGD
+    losses, weights, _, _ = run_pipeline([(0, 1), (2, 2), (3, 3)], schedule="1f1b-sync",
+                                         microbatches=16, flush_every=4, momentum=0.9)
+    torch.manual_seed(0)
+    net = build_model("mlp", input_shape=DIGITS.input_shape, num_classes=10).full()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    expected = []
+    for batch in range(4):
+        optimizer.zero_grad(set_to_none=True)
+        for m in range(4 * batch, 4 * batch + 4):
+            x, y = DIGITS.microbatch(m, 32, seed=0)
+            loss = torch.nn.functional.cross_entropy(net(x), y)
+            expected.append(loss.item())
+            loss.backward()
+        for p in net.parameters():
+            assert p.grad is not None
+            p.grad = p.grad / 4
+        optimizer.step()
+    assert losses == expected
+    assert torch.equal(weights, torch.cat([p.detach().flatten() for p in net.parameters()]))
+
+
 def test_stages_channels_last_train_as_nchw_up_to_rounding() -> None:
     # agent.layout: the convolutions' weights channels last, activations and gradients sent
     # between the stages in whatever layout they come out in
