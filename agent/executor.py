@@ -42,8 +42,10 @@ clock); the data plane reports sends and this executor records receives; the las
 reports loss and accuracy per micro-batch.
 
 Beside this module: agent.stage (a stage's errors, clock, metric points and result),
-agent.stageio (its receives, timed passes and sends) and agent.sharing (the ``A`` and ``G``
-actions), the last two mixins of :class:`StageExecutor`.
+agent.gradsum (a synchronous batch's gradients, summed in the parameters' ``.grad``),
+agent.stageio (its receives, timed passes and sends), agent.sharing (the ``A`` and ``G``
+actions) and agent.backwards (a backward whose gradients come back as tensors), the last
+three mixins of :class:`StageExecutor`.
 """
 
 from __future__ import annotations
@@ -52,17 +54,18 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import nn
 
+from agent.backwards import Backwards, InFlight
 from agent.data import Dataset
 from agent.emulation import Slowdown
 from agent.fixedcosts import CostClock, FixedCosts
 from agent.gradsum import GradientSum
-from agent.layered import backward_layers, forward_layers, layers_of_parameters
+from agent.layered import forward_layers, layers_of_parameters
 from agent.optim import SGD
 from agent.sharing import Sharing
 from agent.stage import (
@@ -95,16 +98,6 @@ __all__ = ["Clock", "FixedCosts", "Metric", "StageError", "StageExecutor", "Stag
            "StageSpec", "StageStopped", "check_spec"]
 
 
-@dataclass
-class _InFlight:
-    version: int
-    header_version: int
-    inputs: torch.Tensor
-    output: torch.Tensor  # the loss on the last stage
-    params: list[torch.Tensor]
-    layer_outputs: list[torch.Tensor] | None = None  # each layer's, for a backward in parts
-
-
 # the method each kind of action runs, by name: a dict of the executor's bound methods made every
 # executor a reference cycle, which the agent's frozen heap (runtime.freeze_heap) never
 # collects, so each deployment's model, data and stashes stayed in memory after it ended
@@ -112,7 +105,7 @@ HANDLERS = {"F": "forward", "B": "backward", "U": "update", "A": "all_reduce",
             "G": "average_group"}
 
 
-class StageExecutor(StageIO, StageWeights, Sharing):
+class StageExecutor(StageIO, StageWeights, Sharing, Backwards):
     """Runs one stage's action list to the end (or until ``stop`` is set)."""
 
     def __init__(self, spec: StageSpec, *, module: nn.Module, plane: DataPlane,
@@ -206,7 +199,7 @@ class StageExecutor(StageIO, StageWeights, Sharing):
             self.params, version=self.base_version, snapshots_only=self.lanes,
             keep_every=spec.vertical_sync,
             needed=[self.base_version + g.updates for g in self.gates.values()])
-        self.in_flight: dict[int, _InFlight] = {}
+        self.in_flight: dict[int, InFlight] = {}
         self.grads: dict[int, list[torch.Tensor]] = {}
         self.gradient_sum = GradientSum(self.params)  # a synchronous schedule's, per batch
         self.group_done = {}
@@ -420,9 +413,9 @@ class StageExecutor(StageIO, StageWeights, Sharing):
             self.on_metric(Metric("loss", output.item(), m, now))
             self.on_metric(Metric("accuracy", accuracy, m, now))
         with self.lane_state:
-            self.in_flight[m] = _InFlight(version=version, header_version=header_version,
-                                          inputs=inputs, output=output, params=params,
-                                          layer_outputs=layer_outputs)
+            self.in_flight[m] = InFlight(version=version, header_version=header_version,
+                                         inputs=inputs, output=output, params=params,
+                                         layer_outputs=layer_outputs)
             self.lane_state.notify_all()
         self.result.forwards.append(m)
         self.result.versions[m] = version
@@ -430,7 +423,7 @@ class StageExecutor(StageIO, StageWeights, Sharing):
             self._send("activation", k + 1, m, header_version, output.detach(),
                        labels=None if self.spec.u_shaped else labels)
 
-    def _take_in_flight(self, m: int) -> _InFlight:
+    def _take_in_flight(self, m: int) -> InFlight:
         """The forward of m's state (on two lanes the last stage's backward may come before
         its forward has ended: it waits for it)."""
         with self.lane_state:
@@ -465,51 +458,6 @@ class StageExecutor(StageIO, StageWeights, Sharing):
         self.result.backwards.append(m)
         if self.tick == "B":
             self.costs.mark(len(self.result.backwards))
-
-    def _backward_apart(self, flight: _InFlight, upstream: torch.Tensor | None, k: int,
-                        m: int, needs_input_grad: bool) -> None:
-        """A backward whose gradients come back as tensors: on a stashed snapshot, in parts, or
-        under asynchronous 1F1B, whose update takes each micro-batch's own."""
-        wrt = flight.params
-
-        def work() -> tuple[torch.Tensor | None, ...]:
-            inputs = ([flight.inputs] if needs_input_grad else []) + wrt
-            return torch.autograd.grad(flight.output, inputs, grad_outputs=upstream,
-                                       allow_unused=True)
-
-        if self.layered:
-            assert upstream is not None and flight.layer_outputs is not None
-            grads = self._backward_in_parts(flight, upstream, m, needs_input_grad)
-        else:
-            grads = self._timed("backward", m, flight.header_version, work)
-        param_grads = [torch.zeros_like(p) if g is None else g
-                       for g, p in zip(grads[int(needs_input_grad):], wrt, strict=True)]
-        if needs_input_grad:
-            input_grad = grads[0] if grads[0] is not None else torch.zeros_like(flight.inputs)
-            self._send("gradient", k - 1, m, flight.header_version, input_grad)
-        if self.synchronous:
-            self.gradient_sum.add(param_grads)
-        else:
-            self.grads[m] = param_grads
-
-    def _backward_in_parts(self, flight: _InFlight, upstream: torch.Tensor, m: int,
-                           needs_input_grad: bool) -> tuple[torch.Tensor | None, ...]:
-        """A backward in parts, each in its turn: the input's gradient (when needed) and each
-        parameter's, as one backward of the whole stage returns them."""
-        assert flight.layer_outputs is not None
-        got: dict[int, torch.Tensor | None] = {}
-        grad: torch.Tensor | None = upstream
-        for part, layers in enumerate(self.parts["backward"]):
-            assert grad is not None  # only the last part's input may need none
-            below, mine = self._timed("backward", m, flight.header_version, functools.partial(
-                backward_layers, outputs=flight.layer_outputs, inputs=flight.inputs,
-                params=flight.params, param_layers=self.param_layers, grad=grad,
-                first=layers[0], last=layers[1], input_grad=needs_input_grad),
-                part=part, layers=layers)
-            got.update(mine)
-            grad = below
-        params = tuple(got.get(i) for i in range(len(flight.params)))
-        return ((grad,) if needs_input_grad else ()) + params
 
     def update(self, action: Action) -> None:
         m = action.microbatch
