@@ -341,7 +341,7 @@ class StageExecutor(StageIO, StageWeights, Sharing, Backwards):
                 return self.module(inputs)
             return forward_layers(self.module, inputs, *layers)
 
-        if params is self.params:
+        if self.versions.is_live(params):
             return run()
         for (owner, name), tensor in zip(self.slots, params, strict=True):
             owner._parameters[name] = tensor  # type: ignore[assignment]
@@ -446,7 +446,7 @@ class StageExecutor(StageIO, StageWeights, Sharing, Backwards):
         flight = self._take_in_flight(m)
         wrt = flight.params
         needs_input_grad = not self.spec.first
-        if self.synchronous and not self.layered and wrt is self.params:
+        if self.synchronous and not self.layered and self.versions.is_live(wrt):
             # summed into the parameters' .grad, as torch's backward sums (agent.gradsum)
             input_grad = self._timed("backward", m, flight.header_version, functools.partial(
                 self.gradient_sum.backward, flight.output, upstream,

@@ -50,6 +50,11 @@ class WeightVersions:
             self.snapshots[self.version] = [p.detach().clone().requires_grad_(True)
                                             for p in self.params]
 
+    def is_live(self, weights: Sequence[torch.Tensor]) -> bool:
+        """Whether ``weights`` (what :meth:`weights` returned) are the live parameters
+        themselves, not a snapshot of them."""
+        return weights is self.params
+
     def weights(self, version: int, *, stash: bool, gated: int) -> list[torch.Tensor]:
         """The weights of ``version`` for a forward: a kept snapshot, else the live
         parameters when they are that version (a snapshot of them first when ``stash``: an

@@ -9,8 +9,10 @@ from typing import Any
 import pytest
 import torch
 
+from agent.backwards import Backwards
 from agent.data import load_dataset
 from agent.executor import Clock, FixedCosts, Metric, StageError, StageExecutor
+from agent.gradsum import GradientSum
 from agent.layout import to_format
 from agent.transport import DataPlane
 from agent.zoo import build_model
@@ -97,6 +99,33 @@ def test_a_flush_of_several_microbatches_trains_as_torch_bit_for_bit() -> None:
         optimizer.step()
     assert losses == expected
     assert torch.equal(weights, torch.cat([p.detach().flatten() for p in net.parameters()]))
+
+
+@pytest.mark.parametrize("schedule", ["1f1b-sync", "gpipe"])
+def test_a_synchronous_backward_on_the_live_weights_sums_in_their_grad(
+        schedule: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the weight versions hand out their own list of the live parameters: an identity check
+    # against the executor's list never held, so every backward took the path that returns
+    # its gradients as tensors and adds them in Python, and every forward swapped the same
+    # tensors into the module's parameters and back
+    summed: list[int] = []
+    apart: list[int] = []
+    live: list[bool] = []
+    sum_backward, backward_apart = GradientSum.backward, Backwards._backward_apart
+    call = StageExecutor._call
+
+    def spy_call(self: StageExecutor, params: list[torch.Tensor], *args: Any, **kw: Any) -> Any:
+        live.append(self.versions.is_live(params))
+        return call(self, params, *args, **kw)
+
+    monkeypatch.setattr(GradientSum, "backward",
+                        lambda self, *a: summed.append(1) or sum_backward(self, *a))
+    monkeypatch.setattr(Backwards, "_backward_apart",
+                        lambda self, *a: apart.append(1) or backward_apart(self, *a))
+    monkeypatch.setattr(StageExecutor, "_call", spy_call)
+    run_pipeline([(0, 1), (2, 2), (3, 3)], schedule=schedule, microbatches=8, flush_every=4)
+    assert len(summed) == 3 * 8 and not apart
+    assert len(live) == 3 * 8 and all(live)
 
 
 def test_stages_channels_last_train_as_nchw_up_to_rounding() -> None:
