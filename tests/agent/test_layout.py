@@ -38,6 +38,20 @@ def test_to_format_lays_out_the_4d_parameters_and_refuses_an_unknown_name() -> N
         to_format(module, "nhwc")
 
 
+def test_a_first_convolution_of_one_input_channel_runs_in_the_format_too() -> None:
+    # its weight is contiguous in both formats, and .contiguous(memory_format=...) left it
+    # with NCHW's strides: torch then ran the whole first block NCHW (bug: a quarter of
+    # VGG-5's first stage on the digits went to that block and to converting its output)
+    module = to_format(vgg(), "channels_last")
+    first = module[0][0]
+    assert first.weight.shape[1] == 1 and first.weight.stride() == (9, 1, 3, 1)
+    out = first(torch.randn(4, 1, 8, 8))
+    assert out.is_contiguous(memory_format=torch.channels_last) and not out.is_contiguous()
+    back = to_format(module, "contiguous")[0][0]
+    assert back.weight.stride() == (9, 9, 3, 1)
+    assert back(torch.randn(4, 1, 8, 8)).is_contiguous()
+
+
 def test_timing_leaves_the_module_as_it_was() -> None:
     module = vgg()
     before = {k: v.clone() for k, v in module.state_dict().items()}
