@@ -12,7 +12,7 @@ is clearly faster; a stage without one keeps NCHW without timing anything.
 Only the parameters change layout (the 4-D ones, as ``module.to(memory_format=...)`` does):
 a convolution whose weights have channels-last strides computes in that layout whatever its
 input's, and its output carries it to the next layer (the strides are set even where the
-format is ambiguous, a weight of one input channel: :func:`laid_out`). Tensors that leave
+format is ambiguous, a weight of one input channel: :func:`to_format`). Tensors that leave
 the stage (sent activations and gradients, checkpoints, weight transfers) are made
 contiguous where they are encoded, as before. Results are those of the same model up to
 floating-point rounding: the two layouts sum in different orders.
@@ -47,20 +47,13 @@ def to_format(module: nn.Module, name: str) -> nn.Module:
     layout = FORMATS[name]
     for param in module.parameters():  # as module.to(memory_format=...) does, the same tensors
         if param.dim() == 4:
-            param.data = laid_out(param.data, layout)
+            # .to, not .contiguous: a weight of one input channel is contiguous in both
+            # formats, and .contiguous(memory_format=...) left it with NCHW's strides, from
+            # which torch chose NCHW for its convolution (and the block after it, the output
+            # converted at the next convolution: a quarter of VGG-5's first stage on the
+            # digits); .to sets the format's strides, and returns a tensor already in it
+            param.data = param.data.to(memory_format=layout)
     return module
-
-
-def laid_out(tensor: torch.Tensor, layout: torch.memory_format) -> torch.Tensor:
-    """``tensor`` with the strides of ``layout``. A weight of one input channel is contiguous
-    in both formats, so ``.contiguous(memory_format=...)`` returns it as it is; but torch
-    chooses a convolution's format by its weight's and input's strides, and with both NCHW's
-    (a first layer on one-channel images) the whole block before the next convolution ran
-    NCHW, its output converted there: a quarter of VGG-5's first stage on the digits."""
-    target = torch.empty_like(tensor, memory_format=layout)
-    if target.stride() == tensor.stride():
-        return tensor
-    return target.copy_(tensor)
 
 
 def _pass_s(module: nn.Module, params: Sequence[torch.Tensor], example: torch.Tensor) -> float:
