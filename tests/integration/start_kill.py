@@ -1,7 +1,8 @@
 """Run by test_fault_tolerance.py in a process of its own (Django on a var dir of its own): the
 demo's three agents, an MLP run planned by FTPipeHD, started through the API, and the middle
-stage's agent killed with SIGKILL at once, while the stages deploy. Prints the run's summary,
-fault events and generations as one JSON line.
+stage's agent stopped (SIGSTOP) before the start and killed with SIGKILL right after it,
+while the stages deploy. Prints the run's summary, fault events and generations as one JSON
+line.
 
     python tests/integration/start_kill.py VAR_DIR
 """
@@ -9,6 +10,8 @@ fault events and generations as one JSON line.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -32,8 +35,13 @@ def main(var_dir: str) -> None:
         row = chosen_plan(compared, "ftpipehd")
         run_id = compared["run"]
         victim = bed.agent_of_stage(run_id, row["plan"])
+        # stopped before the start, killed after it: its stage cannot be ready when it dies.
+        # Killed right after the start (while it built its model) it once got its stage
+        # ready first on a loaded machine, and the run started with it (CI at 26e9d66)
+        stopped = bed.processes.children[bed.agent_process(victim)].process
+        assert stopped is not None
+        os.killpg(stopped.pid, signal.SIGSTOP)
         bed.api.post(f"/api/runs/{run_id}/start/", {"plan": row["plan"]})
-        # the stages are deploying: the victim's cannot have been ready (it builds its model)
         bed.processes.kill(bed.agent_process(victim))
         summary = bed.finish(run_id, timeout_s=300)
         run = Run.objects.get(pk=run_id)
