@@ -24,6 +24,9 @@ from orchestrator.validation import (
 
 EVENT_KINDS = ("forward", "backward", "send", "recv", "update", "replicate", "aggregate", "load")
 COMPUTE_KINDS = ("forward", "backward", "update", "aggregate")
+# what the idle gap before each compute kind waited for (idle_breakdown)
+_WAITS_FOR = {"forward": "upstream", "backward": "downstream", "aggregate": "sync",
+              "update": "sync"}
 FAULT_KINDS = ("device_lost", "device_joined", "recovery_started", "repartitioned",
                "repartition_skipped", "weights_redistributed", "recovered", "run_started",
                "run_paused", "run_finished", "run_failed", "round_evaluated")
@@ -174,7 +177,11 @@ class IdleBreakdown:
 
 def busy_intervals(events: Iterable[TimelineEvent]) -> list[tuple[float, float]]:
     """The union of compute intervals (forward, backward, update, aggregate), merged."""
-    spans = sorted((e.start, e.end) for e in events if e.kind in COMPUTE_KINDS)
+    return _merged(sorted((e.start, e.end) for e in events if e.kind in COMPUTE_KINDS))
+
+
+def _merged(spans: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """``spans`` (sorted by start) merged where they overlap or touch."""
     merged: list[tuple[float, float]] = []
     for start, end in spans:
         if merged and start <= merged[-1][1]:
@@ -196,18 +203,19 @@ def idle_breakdown(events: Sequence[TimelineEvent], *, window: tuple[float, floa
     operation, are the bubble.
     """
     lo, hi = window
-    busy = [(max(s, lo), min(e, hi)) for s, e in busy_intervals(events) if e > lo and s < hi]
     compute = sorted((e for e in events if e.kind in COMPUTE_KINDS), key=lambda e: e.start)
+    busy = [(max(s, lo), min(e, hi)) for s, e in _merged((e.start, e.end) for e in compute)
+            if e > lo and s < hi]
+    by_version = synchronous(schedule)
     seen_first: set[tuple[str, int]] = set()
     reason_at: dict[float, str] = {}
     for e in compute:
-        epoch = e.version if synchronous(schedule) else 0
-        key = (e.kind, epoch)
-        reason = {"forward": "upstream", "backward": "downstream", "aggregate": "sync",
-                  "update": "sync"}.get(e.kind, "bubble")
-        if e.kind in ("forward", "backward") and key not in seen_first:
-            seen_first.add(key)
-            reason = "bubble"
+        reason = _WAITS_FOR[e.kind]
+        if e.kind in ("forward", "backward"):
+            key = (e.kind, e.version if by_version else 0)
+            if key not in seen_first:
+                seen_first.add(key)
+                reason = "bubble"
         reason_at.setdefault(e.start, reason)
     totals = {"upstream": 0.0, "downstream": 0.0, "sync": 0.0, "bubble": 0.0}
     cursor = lo

@@ -1,6 +1,8 @@
 import pytest
 
 from orchestrator.errors import PlanningError
+from orchestrator.events import TimelineEvent as TimelineRecord
+from orchestrator.events import idle_breakdown
 from tests.webapp import testbed
 from tests.webapp.factories import (
     DeviceFactory,
@@ -10,7 +12,7 @@ from tests.webapp.factories import (
     RunFactory,
 )
 from webapp.runs import selectors
-from webapp.runs.models import Run
+from webapp.runs.models import Run, TimelineEvent
 
 pytestmark = pytest.mark.django_db
 
@@ -82,3 +84,32 @@ def test_plan_compare_ranks_fitting_plans_first_and_says_why_the_best_is_best():
     assert compared["rows"][1]["vs_best"] == pytest.approx(2.0)
     assert "ftpipehd" in compared["reason"] and "boundary 0->1" in compared["reason"]
     assert "uniform, is 2.00x slower" in compared["reason"]
+
+
+def test_the_idle_breakdown_is_the_orchestrators_over_the_newest_events(monkeypatch):
+    # Prepare: two devices' forwards, backwards and sends of a second pipeline, more events
+    # than the window holds (so the window starts at the newest LIVE_MAX_EVENTS-th end)
+    monkeypatch.setattr(selectors, "LIVE_MAX_EVENTS", 50)
+    run = RunFactory(schedule="1f1b-sync")
+    records = []
+    for m in range(20):
+        for d, device in enumerate(("edge-a", "edge-b")):
+            t = 0.01 * m + 0.004 * d
+            for kind, start in (("forward", t), ("send", t + 0.001), ("backward", t + 0.002)):
+                records.append(TimelineRecord(run.pk, device, d, kind, m, m // 8, start,
+                                              start + 0.0008, 64 if kind == "send" else 0, 1))
+    TimelineEvent.objects.bulk_create(TimelineEvent(run=run, **{
+        f: getattr(r, f) for f in ("device", "stage", "kind", "microbatch", "version", "start",
+                                   "end", "bytes", "pipeline")}) for r in records)
+    # Execute
+    window, devices = selectors.run_idle(run=run)
+    # Assert: the window holds the newest 50 ends, and each device's breakdown is the
+    # orchestrator's over the events in it
+    ends = sorted(r.end for r in records)
+    assert window == [ends[-50], ends[-1]]
+    kept = [r for r in records if r.end >= ends[-50]]
+    assert set(devices) == {"edge-a", "edge-b"}
+    for device, got in devices.items():
+        expected = idle_breakdown([r for r in kept if r.device == device],
+                                  window=(window[0], window[1]), schedule="1f1b-sync")
+        assert got == pytest.approx(expected.to_json())
