@@ -76,9 +76,19 @@ def gets_through(runtime: AgentRuntime, sock: zmq.Socket[bytes], microbatch: int
     refuses it (the handshake, or the message: it says so)."""
     plane = runtime.plane
     refused, rejected = plane.authenticator.refused, plane.rejected
-    sock.send_multipart(encode(run=7, kind="activation", microbatch=microbatch, version=0,
-                               tensor=torch.ones(2)))
+    frames = encode(run=7, kind="activation", microbatch=microbatch, version=0,
+                    tensor=torch.ones(2))
     deadline = time.monotonic() + 10
+    while True:
+        try:
+            sock.send_multipart(frames, flags=zmq.NOBLOCK)
+            break
+        except zmq.Again:
+            # no connection to send on: its reconnect was refused, and ZeroMQ does not try
+            # again after a refused handshake (a blocking send here hung a CI run)
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
     while time.monotonic() < deadline:
         try:
             got = plane.receive(7, "activation", microbatch, timeout_s=0.05)
