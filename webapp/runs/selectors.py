@@ -201,10 +201,9 @@ def fault_json(row: FaultEvent) -> dict[str, Any]:
             "detail": row.detail}
 
 
-_TIMELINE_FIELDS = ("device", "stage", "kind", "microbatch", "version", "start", "end", "bytes",
-                    "pipeline")
-# orchestrator.events.TimelineEvent's fields after ``run``, in its order
-_RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(TimelineRecord))[1:]
+# a timeline event's columns: orchestrator.events.TimelineEvent's fields after ``run``, in its
+# order (a row reads straight into a record, and into the JSON the page gets)
+_TIMELINE_FIELDS = tuple(f.name for f in dataclasses.fields(TimelineRecord))[1:]
 
 
 def _timeline_window(run: Run, window_s: float, *, newest_n: int | None = None
@@ -341,7 +340,7 @@ def run_faults(*, run: Run) -> list[dict[str, Any]]:
 def _records(run_id: int, events: QuerySet[TimelineEvent]) -> list[TimelineRecord]:
     """``events`` as orchestrator records, read with the cursor: Django's iteration of
     ``values_list`` cost 6 us a row, most of reading a window of 3,000 back."""
-    sql, params = events.values_list(*_RECORD_FIELDS).query.sql_with_params()
+    sql, params = events.values_list(*_TIMELINE_FIELDS).query.sql_with_params()
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return [TimelineRecord(run_id, *row) for row in cursor.fetchall()]
