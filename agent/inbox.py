@@ -30,15 +30,18 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from typing import cast
 
 import zmq
 
-from agent.wire import Message
+from agent.wire import MAX_FRAMES, Message
 
 log = logging.getLogger("edgepipe.agent.inbox")
 
 READ_POLL_S = 0.1  # how often a reader looks up from the socket (stop, cancellation, deadline)
 GRACE_S = 0.02  # the background thread reads once no stage has read for this long
+# as plain ints: pyzmq's flag enums cost an enum operation at each call
+_NOBLOCK, _EVENTS, _POLLIN = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN)
 
 Key = tuple[int, str, int, str | None]
 
@@ -101,17 +104,36 @@ class Inbox:
         if self.socket not in events:
             return
         # take every message waiting, then poll again (a poll per message cost as much as
-        # decoding a small one)
+        # decoding a small one); the socket's EVENTS says when none is left (ending on
+        # zmq.Again raised and built an exception each time)
         while True:
-            try:
-                frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
+            frames = self._message()
+            if frames is None:
                 return
             try:
                 self._take(frames)
             except Exception as exc:
                 log.exception("a received message failed")
                 self.reject(f"{type(exc).__name__}: {exc}")
+            if not cast(int, self.socket.getsockopt(_EVENTS)) & _POLLIN:
+                return
+
+    def _message(self) -> list[zmq.Frame] | None:
+        """The next message's frames, at most MAX_FRAMES + 1 of them (the rest of a longer
+        one is read and dropped, so it is refused as one of too many frames without holding
+        them); None when none is waiting. Frame by frame: pyzmq's recv_multipart asked the
+        socket for RCVMORE again after each frame and cost twice as much."""
+        socket = self.socket
+        try:
+            frame = socket.recv(_NOBLOCK, copy=False)
+        except zmq.Again:
+            return None
+        frames = [frame]
+        while frame.more:  # the parts of a message arrive together
+            frame = socket.recv(_NOBLOCK, copy=False)
+            if len(frames) <= MAX_FRAMES:
+                frames.append(frame)
+        return frames
 
     def _take(self, frames: list[zmq.Frame]) -> None:
         if self._reader == self._background:

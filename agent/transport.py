@@ -120,6 +120,21 @@ class _PeerSocket:
         self.socket.close(linger=None if linger else 0)
 
 
+# as plain ints: pyzmq's flag enums cost an enum operation at each call
+_NOBLOCK, _MORE = int(zmq.NOBLOCK), int(zmq.NOBLOCK | zmq.SNDMORE)
+
+
+def _send_frames(socket: zmq.Socket[bytes], frames: list[bytes]) -> None:
+    """Send ``frames`` as one message without blocking (zmq.Again: not now). Frame by frame,
+    as pyzmq's send_multipart does without its per-frame checks and flag enums; ZeroMQ takes
+    a message's later frames once it took the first. Frames under pyzmq's copy threshold are
+    copied (as send_multipart copies them), larger ones go without a copy."""
+    last = len(frames) - 1
+    for i, frame in enumerate(frames):
+        socket.send(frame, _MORE if i < last else _NOBLOCK,
+                    copy=len(frame) < zmq.COPY_THRESHOLD)
+
+
 def _key(key: bytes | str) -> bytes:
     return key.encode("ascii") if isinstance(key, str) else key
 
@@ -294,7 +309,7 @@ class DataPlane:
         while True:
             known = self._socket(peer)
             try:
-                known.socket.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                _send_frames(known.socket, frames)
                 return
             except zmq.Again:
                 if self._stop.is_set():

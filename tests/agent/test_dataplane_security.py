@@ -63,12 +63,15 @@ def test_the_receiver_refuses_every_bad_frame_and_goes_on() -> None:
         [json.dumps({"run": 1, "kind": "activation", "microbatch": 0, "version": 0,
                      "dtype": {"a": 1}, "shape": [1]}).encode(), b"\0" * 4],
         [b"\xff\xfe", b""], [b"{}"], [b"{}", b"", b"", b""],
+        # the inbox keeps four frames of a message and reads the rest away, unheld
+        [b"{}"] + [b"x" * 1000] * 5000,
     ]
     try:
         for frames in bad:
             sock.send_multipart(frames)
         assert wait_for(lambda: len(rejected) == len(bad)), rejected
         assert all("from peer" in r for r in rejected) and b.pending() == 0
+        assert "got more than 3" in rejected[-1]
         sock.send_multipart(encode(run=1, kind="gradient", microbatch=4, version=0,
                                    tensor=torch.ones(3)))
         got = b.receive(1, "gradient", 4, timeout_s=10)
