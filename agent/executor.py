@@ -54,7 +54,6 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -156,8 +155,10 @@ class StageExecutor(StageIO, StageWeights, Sharing, Backwards):
         self.schedule = spec.build_schedule()
         first = spec.first_microbatch
         own = self.schedule.actions_of(spec.device, spec.stage)
-        self.actions: Sequence[Action] = [replace(a, microbatch=a.microbatch + first)
-                                          for a in own]
+        # numbered from the generation's first micro-batch (a copy only when it is not 0:
+        # dataclasses.replace of each took 0.2-0.4 s of a deploy of 50,000 micro-batches)
+        self.actions: Sequence[Action] = own if not first else [
+            Action(a.stage, a.kind, a.microbatch + first, a.pipeline) for a in own]
         # each forward's gate, by micro-batch (a device forwards each once)
         self.gates: dict[int, ForwardGate] = {
             self.actions[position].microbatch: gate
