@@ -144,7 +144,7 @@ class Inbox:
         if message is None:
             return
         header = message.header
-        with self._changed:
+        with self._lock:
             if self.is_side(message):
                 if len(self._side) < self.max_pending:
                     self._side.append(message)
@@ -241,41 +241,41 @@ class Inbox:
         does; raises TimeoutError after ``timeout_s`` or when ``cancelled()`` turns true."""
         _, kind, microbatch, _ = key
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        me = threading.get_ident()
-        with self._changed:
+        # the lock is held throughout, let go only while this thread reads the socket or
+        # waits: a with-block of the Condition at each step (a Python call each, five a
+        # message) cost more than the steps
+        lock = self._lock
+        with lock:
             if key in self._messages:
                 return self._pop(key)
             self._wanted += 1
-        try:
-            while True:
-                with self._changed:
-                    while True:
-                        if key in self._messages:
-                            return self._pop(key)
-                        if cancelled is not None and cancelled():
-                            raise TimeoutError(f"cancelled while waiting for {kind} "
-                                               f"{microbatch}")
-                        remaining = (READ_POLL_S if deadline is None
-                                     else min(READ_POLL_S, deadline - time.monotonic()))
-                        if remaining <= 0:
-                            raise TimeoutError(f"no {kind} for micro-batch {microbatch} "
-                                               f"within {timeout_s} s")
-                        if self._reader is None and not self._stopping:
-                            self._reader = me
-                            break
-                        if self._reader is not None and self._reader == self._background:
-                            self._wake()
-                        self._changed.wait(remaining)
-                try:
-                    self._read(remaining)
-                finally:
-                    with self._changed:
-                        self._reader = None
-                        self._last_read = time.monotonic()
-                        if self._wanted > 1:  # another stage waits: it reads next
-                            self._changed.notify_all()
-        finally:
-            with self._changed:
+            try:
+                while True:
+                    if key in self._messages:
+                        return self._pop(key)
+                    if cancelled is not None and cancelled():
+                        raise TimeoutError(f"cancelled while waiting for {kind} {microbatch}")
+                    remaining = (READ_POLL_S if deadline is None
+                                 else min(READ_POLL_S, deadline - time.monotonic()))
+                    if remaining <= 0:
+                        raise TimeoutError(f"no {kind} for micro-batch {microbatch} within "
+                                           f"{timeout_s} s")
+                    if self._reader is None and not self._stopping:
+                        self._reader = threading.get_ident()
+                        lock.release()
+                        try:
+                            self._read(remaining)
+                        finally:
+                            lock.acquire()
+                            self._reader = None
+                            self._last_read = time.monotonic()
+                            if self._wanted > 1:  # another stage waits: it reads next
+                                self._changed.notify_all()
+                        continue
+                    if self._reader is not None and self._reader == self._background:
+                        self._wake()
+                    self._changed.wait(remaining)
+            finally:
                 self._wanted -= 1
 
     def _pop(self, key: Key) -> Message:
