@@ -409,7 +409,10 @@ class StageExecutor(StageIO, StageWeights, Sharing, Backwards):
             # measured outside the timed pass, whose event is the layers' work and the loss
             # (capacity estimation compares it with the profile): this is overhead
             assert labels is not None
-            accuracy = (logits.detach().argmax(dim=1) == labels).float().mean().item()
+            # the count of right answers over the count (.float().mean() was two ops more,
+            # 9.5 us against 5.5 a micro-batch)
+            right = int(torch.count_nonzero(logits.detach().argmax(dim=1) == labels))
+            accuracy = right / max(1, labels.numel())
             now = self.clock.now()
             self.on_metric(Metric("loss", output.item(), m, now))
             self.on_metric(Metric("accuracy", accuracy, m, now))

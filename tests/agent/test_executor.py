@@ -27,7 +27,8 @@ DIGITS = load_dataset("digits")
 
 def run_pipeline(layers: Sequence[tuple[int, int]], *, schedule: str, microbatches: int,
                  flush_every: int | None = None, lr: float = 0.1, momentum: float = 0.0,
-                 vertical_sync: bool = False, model: str = "mlp", layout: str = "contiguous"
+                 vertical_sync: bool = False, model: str = "mlp", layout: str = "contiguous",
+                 metrics_out: list[Metric] | None = None
                  ) -> tuple[list[float], torch.Tensor, list[TimelineEvent], dict[str, list[int]]]:
     torch.manual_seed(0)
     net = build_model(model, input_shape=DIGITS.input_shape, num_classes=10)
@@ -61,6 +62,8 @@ def run_pipeline(layers: Sequence[tuple[int, int]], *, schedule: str, microbatch
 
     run_stages(run, len(layers), planes.values())
     assert not errors, errors
+    if metrics_out is not None:
+        metrics_out.extend(metrics)
     losses = [m.value for m in sorted(metrics, key=lambda m: m.microbatch) if m.name == "loss"]
     weights = torch.cat([p.detach().flatten() for p in net.full().parameters()])
     return losses, weights, events, done
@@ -74,6 +77,25 @@ def test_a_synchronous_pipeline_equals_training_on_one_device() -> None:
                                                    microbatches=40, flush_every=1, momentum=0.9)
     assert one_loss == three_loss
     assert torch.equal(one_weights, three_weights)
+
+
+def test_the_last_stage_reports_each_microbatchs_loss_and_accuracy() -> None:
+    # one batch under GPipe: every forward runs on the initial weights, so a model built the
+    # same way gives each micro-batch's loss and share of right answers
+    metrics: list[Metric] = []
+    run_pipeline([(0, 1), (2, 3)], schedule="gpipe", microbatches=4, flush_every=4,
+                 metrics_out=metrics)
+    torch.manual_seed(0)
+    net = build_model("mlp", input_shape=DIGITS.input_shape, num_classes=10).full()
+    for m in range(4):
+        inputs, labels = DIGITS.microbatch(m, 32, seed=0)
+        with torch.no_grad():
+            logits = net(inputs)
+        reported = {x.name: x.value for x in metrics if x.microbatch == m}
+        assert reported["accuracy"] == pytest.approx(
+            (logits.argmax(dim=1) == labels).sum().item() / 32, abs=1e-9)
+        assert reported["loss"] == pytest.approx(
+            torch.nn.functional.cross_entropy(logits, labels).item(), rel=1e-5)
 
 
 def test_a_flush_of_several_microbatches_trains_as_torch_bit_for_bit() -> None:
