@@ -127,12 +127,11 @@ _NOBLOCK, _MORE = int(zmq.NOBLOCK), int(zmq.NOBLOCK | zmq.SNDMORE)
 def _send_frames(socket: zmq.Socket[bytes], frames: list[bytes]) -> None:
     """Send ``frames`` as one message without blocking (zmq.Again: not now). Frame by frame,
     as pyzmq's send_multipart does without its per-frame checks and flag enums; ZeroMQ takes
-    a message's later frames once it took the first. Frames under pyzmq's copy threshold are
-    copied (as send_multipart copies them), larger ones go without a copy."""
+    a message's later frames once it took the first. pyzmq copies frames under the socket's
+    copy threshold and sends larger ones without a copy."""
     last = len(frames) - 1
     for i, frame in enumerate(frames):
-        socket.send(frame, _MORE if i < last else _NOBLOCK,
-                    copy=len(frame) < zmq.COPY_THRESHOLD)
+        socket.send(frame, _MORE if i < last else _NOBLOCK, copy=False)
 
 
 def _key(key: bytes | str) -> bytes:

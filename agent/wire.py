@@ -192,7 +192,7 @@ def decode(frames: Sequence[bytes | memoryview], *, max_bytes: int = DEFAULT_MAX
            arrived_at: float = 0.0, sender: str = "") -> Message:
     """Validate and decode [header, payload] (and an activation's labels' frame); raises
     TransportError on any mismatch."""
-    if len(frames) not in (2, 3):
+    if not 2 <= len(frames) <= MAX_FRAMES:
         got = f"more than {MAX_FRAMES}" if len(frames) > MAX_FRAMES else str(len(frames))
         raise TransportError(f"expected 2 frames [header, payload] (3 with labels), got {got}")
     header = parse_header(bytes(frames[0]))
