@@ -70,12 +70,24 @@ def parse_columns(raw: Any, *, run: int, device: str, limits: Mapping[str, int] 
     """The timeline events ``raw`` holds in columns, of ``run`` and ``device``. ``limits``:
     the most an integer column may hold (a database column's range). Raises FormatError
     naming the first bad item (``timeline_columns.end[12]``)."""
+    checked = checked_columns(raw, limits=limits, file=file, path=path)
+    return [TimelineEvent(run, device, *values)
+            for values in zip(*(checked[name] for name in COLUMNS), strict=True)]
+
+
+def checked_columns(raw: Any, *, limits: Mapping[str, int] | None = None,
+                    file: str = "<input>", path: str = "timeline_columns"
+                    ) -> dict[str, list[Any]]:
+    """``raw``'s columns, checked as :func:`parse_columns` checks them, every one of COLUMNS
+    (a column left out as 0s), without an object per event: the web server stores a batch
+    from its columns and sends the page their rows (:func:`columns_json`)."""
     at = At(file, path)
     count = _column_count(raw, at, COLUMNS, OPTIONAL)
     limits = limits or {}
     zeros = [0] * count
-    integers = {name: _integers(raw[name], limits.get(name), at.key(name)) if name in raw
-                else zeros for name in INTEGERS}
+    checked: dict[str, list[Any]] = {
+        name: _integers(raw[name], limits.get(name), at.key(name)) if name in raw else zeros
+        for name in INTEGERS}
     kinds = raw["kind"]
     if not (set(map(type, kinds)) <= _STR and set(kinds) <= _KINDS):
         i = next(i for i, k in enumerate(kinds) if not isinstance(k, str) or k not in _KINDS)
@@ -85,11 +97,25 @@ def parse_columns(raw: Any, *, run: int, device: str, limits: Mapping[str, int] 
     if not all(map(operator.le, starts, ends)):
         i = next(i for i, (s, e) in enumerate(zip(starts, ends, strict=True)) if not s <= e)
         raise at.key("end").index(i).fail(f"is before start ({starts[i]})", raw["end"][i])
-    return [TimelineEvent(run, device, stage, kind, microbatch, version, start, end, nbytes,
-                          pipeline)
-            for stage, kind, microbatch, version, start, end, nbytes, pipeline in zip(
-                integers["stage"], kinds, integers["microbatch"], integers["version"], starts,
-                ends, integers["bytes"], integers["pipeline"], strict=True)]
+    checked.update(kind=kinds, start=starts, end=ends)
+    return checked
+
+
+def columns_json(checked: Mapping[str, list[Any]], *, run: int, device: str
+                 ) -> list[dict[str, Any]]:
+    """The events of ``checked`` columns (:func:`checked_columns`), of ``run`` and ``device``,
+    as TimelineEvent.to_json writes each."""
+    rows = [{"run": run, "device": device, "stage": stage, "kind": kind,
+             "microbatch": microbatch, "version": version, "start": start, "end": end,
+             "bytes": nbytes}
+            for stage, kind, microbatch, version, start, end, nbytes in zip(
+                checked["stage"], checked["kind"], checked["microbatch"], checked["version"],
+                checked["start"], checked["end"], checked["bytes"], strict=True)]
+    if any(checked["pipeline"]):
+        for row, pipeline in zip(rows, checked["pipeline"], strict=True):
+            if pipeline:
+                row["pipeline"] = pipeline
+    return rows
 
 
 def _column_count(raw: Any, at: At, known: Sequence[str], optional: Sequence[str]) -> int:

@@ -32,7 +32,7 @@ FAULT_KINDS = ("device_lost", "device_joined", "recovery_started", "repartitione
                "run_paused", "run_finished", "run_failed", "round_evaluated")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slotted: a fifth less to build, per event
 class TimelineEvent:
     run: int
     device: str

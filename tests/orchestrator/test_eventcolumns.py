@@ -18,7 +18,9 @@ from orchestrator.errors import FormatError
 from orchestrator.eventcolumns import (
     COLUMNS,
     METRIC_COLUMNS,
+    checked_columns,
     column_count,
+    columns_json,
     metric_columns,
     parse_columns,
     parse_metric_columns,
@@ -47,6 +49,21 @@ def test_columns_read_back_as_the_events_they_hold(events: list[TimelineEvent]) 
     columns = json.loads(json.dumps(to_columns(events)))  # as the server receives them
     assert parse_columns(columns, run=RUN, device=DEVICE) == events
     assert column_count(columns) == len(events)
+
+
+@settings(max_examples=200)
+@given(st.lists(timeline_events(), max_size=30))
+def test_checked_columns_show_each_event_as_its_json(events: list[TimelineEvent]) -> None:
+    """What the web server stores and shows from a batch's columns, without an object per
+    event: each event's values, and its JSON as TimelineEvent.to_json writes it."""
+    columns = json.loads(json.dumps(to_columns(events)))
+    checked = checked_columns(columns)
+    assert set(checked) == set(COLUMNS)
+    assert [TimelineEvent(RUN, DEVICE, *values)
+            for values in zip(*(checked[name] for name in COLUMNS), strict=True)] == events
+    shown = columns_json(checked, run=RUN, device=DEVICE)
+    assert shown == [e.to_json() for e in events]
+    assert [list(row) for row in shown] == [list(e.to_json()) for e in events]  # key order
 
 
 def test_bytes_and_pipeline_are_left_out_when_every_event_s_is_zero() -> None:

@@ -304,7 +304,10 @@ class TimelineEvent(models.Model):
     """A forward, backward, transfer or update of one micro-batch on one device (the shared
     timeline schema; ``device`` is the device's uid). Stored in bulk."""
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="timeline_events")
+    # no index of its own: (run, start) leads with it (one index less to keep at each of the
+    # thousands of rows a second a training run stores)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="timeline_events",
+                            db_index=False)
     device = models.CharField(max_length=64)
     stage = models.PositiveIntegerField()
     pipeline = models.PositiveIntegerField(default=0, help_text="which of the run's pipelines")
@@ -357,7 +360,8 @@ class MetricPoint(models.Model):
         MEM_TOTAL_BYTES = "mem_total_bytes"
         TEMP_C = "temp_c"
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metric_points")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metric_points",
+                            db_index=False)  # (run, at) leads with it, as TimelineEvent's
     at = models.FloatField(help_text="seconds since the run started")
     kind = models.CharField(max_length=16, choices=Kind.choices)
     device = models.CharField(max_length=64, blank=True)

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from django.core.cache import cache
+from django.db import connection
 
 from tests.webapp.factories import DeviceFactory, RunFactory
 from webapp.runs.models import Run, RunDevice
@@ -80,3 +81,24 @@ def test_the_member_lock_reads_the_newest_batch_stored_and_none_for_a_stranger()
     # Assert
     assert mark == ingest.EventsMark(pk=member.pk, events_stream="s1", events_seq=7)
     assert ingest.run_member_lock(run=run, device=stranger) is None
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("table", ["runs_timelineevent", "runs_metricpoint"])
+def test_the_event_tables_keep_no_index_of_the_run_alone_and_find_a_runs_rows_by_index(
+        table: str):
+    """Each row a training run stores updates every index of its table: the run's own index
+    was one more beside the (run, time) ones that lead with it. Reading or deleting a run's
+    rows must still go through an index, not a scan of every run's (SQLite's plan: the
+    tests' database)."""
+    assert connection.vendor == "sqlite"
+    with connection.cursor() as cursor:
+        constraints = connection.introspection.get_constraints(cursor, table)
+        indexed = [c["columns"] for c in constraints.values() if c["index"]]
+        assert ["run_id"] not in indexed
+        assert any(columns[0] == "run_id" for columns in indexed)
+        for sql in (f"SELECT * FROM {table} WHERE run_id = 1",
+                    f"DELETE FROM {table} WHERE run_id IN (1, 2)"):
+            cursor.execute(f"EXPLAIN QUERY PLAN {sql}")
+            plan = " ".join(str(row[-1]) for row in cursor.fetchall())
+            assert "USING INDEX" in plan or "USING COVERING INDEX" in plan, (sql, plan)
