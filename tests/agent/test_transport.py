@@ -3,8 +3,12 @@ delivers and shapes."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -94,6 +98,39 @@ def test_large_and_small_tensors_cross_the_plane_intact() -> None:
             got = b.receive(1, "activation", m, timeout_s=10)
             assert torch.equal(got.tensor, tensor) and got.labels is not None
             assert torch.equal(got.labels, torch.arange(size % 7))
+    finally:
+        a.close()
+        b.close()
+
+
+def _io_threads() -> dict[str, int]:
+    """This process's ZeroMQ I/O threads: {thread id: scheduling policy} (Linux's /proc)."""
+    out = {}
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):
+            if (task / "comm").read_text().strip().startswith("ZMQbg/IO"):
+                # the policy is stat's 41st field; the name before it may hold spaces
+                fields = (task / "stat").read_text().rpartition(")")[2].split()
+                out[task.name] = int(fields[38])
+    return out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_BATCH is Linux's")
+def test_the_planes_io_thread_is_scheduled_as_a_batch_thread() -> None:
+    """A stage that queues a message wakes ZeroMQ's I/O thread; as an ordinary thread it took
+    the stage's core at once on a busy machine (agent.transport.IO_SCHED_POLICY). The data
+    plane's context starts its I/O thread as SCHED_BATCH, and still carries messages."""
+    before = _io_threads()
+    a = DataPlane(bind="tcp://127.0.0.1:0")
+    b = DataPlane(bind="tcp://127.0.0.1:0")
+    try:
+        link(a, b)
+        a.send("b", encode(run=1, kind="activation", microbatch=0, version=0,
+                           tensor=torch.ones(3)))
+        assert torch.equal(b.receive(1, "activation", 0, timeout_s=10).tensor, torch.ones(3))
+        started = {tid: policy for tid, policy in _io_threads().items() if tid not in before}
+        assert len(started) == 2  # one a plane
+        assert set(started.values()) == {os.SCHED_BATCH}
     finally:
         a.close()
         b.close()
