@@ -64,9 +64,10 @@ SEND_POLL_MS = 100  # a send that cannot go yet looks again this often for a ref
 # ZeroMQ's I/O thread (which encrypts, writes and reads every message) is scheduled as a batch
 # thread where Linux has the policy: a stage that queues a message wakes it, and as an
 # ordinary thread it took the stage's core at once on a busy machine (wake-up preemption),
-# which cost the stage a context switch a message. A batch thread is not given a core ahead
-# of the thread running there; it has its full share of the CPU otherwise. Elsewhere
-# (SCHED_BATCH is Linux's) ZeroMQ's default. docs/benchmarks.md: 5-9% less CPU a micro-batch.
+# and switched the stage out about once every two messages. A batch thread is not given a
+# core ahead of the thread running there; it has its full share of the CPU otherwise.
+# Elsewhere (SCHED_BATCH is Linux's) ZeroMQ's default. docs/benchmarks.md: up to a tenth less
+# CPU a micro-batch.
 IO_SCHED_POLICY: int | None = getattr(os, "SCHED_BATCH", None)
 
 @dataclass(frozen=True)
