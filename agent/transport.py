@@ -39,7 +39,7 @@ from typing import cast
 import torch
 import zmq
 
-from agent.inbox import Inbox
+from agent.inbox import EVENTS, NOBLOCK, POLLIN, Inbox
 from agent.security import DataKeys, PeerAuthenticator
 from agent.wire import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -116,7 +116,7 @@ class _PeerSocket:
         """Has the peer refused a handshake since the socket opened? (Events are read off.)"""
         refused = False
         # the monitor's EVENTS, not a poll: a poll per send cost a Poller and a system call
-        while cast(int, self.monitor.get(zmq.EVENTS)) & zmq.POLLIN:
+        while cast(int, self.monitor.get(EVENTS)) & POLLIN:
             self.monitor.recv_multipart()
             refused = True
         return refused
@@ -130,7 +130,7 @@ class _PeerSocket:
 
 
 # as plain ints: pyzmq's flag enums cost an enum operation at each call
-_NOBLOCK, _MORE = int(zmq.NOBLOCK), int(zmq.NOBLOCK | zmq.SNDMORE)
+_MORE = NOBLOCK | int(zmq.SNDMORE)
 
 
 def _send_frames(socket: zmq.Socket[bytes], frames: list[bytes]) -> None:
@@ -140,7 +140,7 @@ def _send_frames(socket: zmq.Socket[bytes], frames: list[bytes]) -> None:
     copy threshold and sends larger ones without a copy."""
     last = len(frames) - 1
     for i, frame in enumerate(frames):
-        socket.send(frame, _MORE if i < last else _NOBLOCK, copy=False)
+        socket.send(frame, _MORE if i < last else NOBLOCK, copy=False)
 
 
 def _key(key: bytes | str) -> bytes:
