@@ -65,7 +65,8 @@ SEND_POLL_MS = 100  # a send that cannot go yet looks again this often for a ref
 # thread where Linux has the policy: a stage that queues a message wakes it, and as an
 # ordinary thread it took the stage's core at once on a busy machine (wake-up preemption),
 # and switched the stage out about once every two messages. A batch thread is not given a
-# core ahead of the thread running there; it has its full share of the CPU otherwise.
+# core ahead of the thread running there; it has its full share of the CPU otherwise. The
+# cost: a message queued while every core is busy waits longer to go (docs/architecture.md).
 # Elsewhere (SCHED_BATCH is Linux's) ZeroMQ's default. docs/benchmarks.md: up to a tenth less
 # CPU a micro-batch.
 IO_SCHED_POLICY: int | None = getattr(os, "SCHED_BATCH", None)
