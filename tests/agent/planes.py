@@ -3,8 +3,10 @@ data-plane tests share."""
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import zmq
 
@@ -16,6 +18,20 @@ def link(a: DataPlane, b: DataPlane) -> None:
     """``a`` sends to ``b`` (as "b"), and ``b`` admits ``a`` (as "a")."""
     a.connect("b", b.address, b.public_key)
     b.connect("a", a.address, a.public_key)
+
+
+@contextlib.contextmanager
+def linked_planes(**receiver: Any) -> Iterator[tuple[DataPlane, DataPlane]]:
+    """Two planes on 127.0.0.1, ``a`` linked to ``b`` (:func:`link`; ``receiver``: more of
+    ``b``'s DataPlane arguments), both closed at the end."""
+    a = DataPlane(bind="tcp://127.0.0.1:0")
+    b = DataPlane(bind="tcp://127.0.0.1:0", **receiver)
+    try:
+        link(a, b)
+        yield a, b
+    finally:
+        a.close()
+        b.close()
 
 
 def curve_socket(keys: DataKeys, to: DataPlane) -> zmq.Socket[bytes]:

@@ -28,7 +28,7 @@ from agent.wire import (
     encode_message,
     parse_header,
 )
-from tests.agent.planes import curve_socket, link
+from tests.agent.planes import curve_socket, link, linked_planes
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64,
@@ -84,10 +84,7 @@ def test_a_header_is_written_as_json_dumps_writes_it(head: Header) -> None:
 def test_large_and_small_tensors_cross_the_plane_intact() -> None:
     # frames under pyzmq's copy threshold are copied into the message, larger ones are sent
     # without a copy (agent.transport._send_frames): both arrive as they were sent
-    a = DataPlane(bind="tcp://127.0.0.1:0")
-    b = DataPlane(bind="tcp://127.0.0.1:0")
-    try:
-        link(a, b)
+    with linked_planes() as (a, b):
         sizes = [1, 4096, 300_000]
         for m, size in enumerate(sizes):
             tensor = torch.randn(size)
@@ -98,9 +95,6 @@ def test_large_and_small_tensors_cross_the_plane_intact() -> None:
             got = b.receive(1, "activation", m, timeout_s=10)
             assert torch.equal(got.tensor, tensor) and got.labels is not None
             assert torch.equal(got.labels, torch.arange(size % 7))
-    finally:
-        a.close()
-        b.close()
 
 
 def _io_threads() -> dict[str, int]:
@@ -121,19 +115,13 @@ def test_the_planes_io_thread_is_scheduled_as_a_batch_thread() -> None:
     the stage's core at once on a busy machine (agent.transport.IO_SCHED_POLICY). The data
     plane's context starts its I/O thread as SCHED_BATCH, and still carries messages."""
     before = _io_threads()
-    a = DataPlane(bind="tcp://127.0.0.1:0")
-    b = DataPlane(bind="tcp://127.0.0.1:0")
-    try:
-        link(a, b)
+    with linked_planes() as (a, b):
         a.send("b", encode(run=1, kind="activation", microbatch=0, version=0,
                            tensor=torch.ones(3)))
         assert torch.equal(b.receive(1, "activation", 0, timeout_s=10).tensor, torch.ones(3))
         started = {tid: policy for tid, policy in _io_threads().items() if tid not in before}
         assert len(started) == 2  # one a plane
         assert set(started.values()) == {os.SCHED_BATCH}
-    finally:
-        a.close()
-        b.close()
 
 
 def header(**overrides: object) -> bytes:
@@ -186,10 +174,7 @@ def test_oversized_messages_are_rejected_before_allocation() -> None:
 
 def test_plane_delivers_and_keeps_bad_messages_out() -> None:
     rejected: list[str] = []
-    a = DataPlane(bind="tcp://127.0.0.1:0")
-    b = DataPlane(bind="tcp://127.0.0.1:0", on_reject=rejected.append)
-    try:
-        link(a, b)
+    with linked_planes(on_reject=rejected.append) as (a, b):
         tensor = torch.arange(12, dtype=torch.float32).reshape(3, 4)
         a.send("b", encode(run=1, kind="gradient", microbatch=3, version=2, tensor=tensor))
         got = b.receive(1, "gradient", 3, timeout_s=5)
@@ -210,9 +195,6 @@ def test_plane_delivers_and_keeps_bad_messages_out() -> None:
         with pytest.raises(TransportError, match="no address for peer 'zz'"):
             a.send("zz", encode(run=1, kind="probe", microbatch=0, version=0,
                                 tensor=torch.zeros(1)))
-    finally:
-        a.close()
-        b.close()
 
 
 def test_a_peer_that_comes_back_on_another_address_is_sent_to_there() -> None:
@@ -241,10 +223,7 @@ def test_a_late_message_of_another_run_is_never_taken_for_this_runs() -> None:
     # a halted generation's activation that arrives after its run's discard stays in the
     # inbox; the next run, on the same generation tag and micro-batch, must not receive it
     # (a stage got another model's [32, 128] activation for its convolution)
-    a = DataPlane(bind="tcp://127.0.0.1:0")
-    b = DataPlane(bind="tcp://127.0.0.1:0")
-    try:
-        link(a, b)
+    with linked_planes() as (a, b):
         stale, fresh = torch.zeros(32, 128), torch.ones(32, 16, 4, 4)
         a.send("b", encode(run=6, kind="activation", microbatch=86, version=0, tensor=stale,
                            name="g0"))
@@ -257,9 +236,6 @@ def test_a_late_message_of_another_run_is_never_taken_for_this_runs() -> None:
         got = b.receive(7, "activation", 86, name="g0", timeout_s=5)
         assert torch.equal(got.tensor, fresh) and got.header.run == 7
         assert b.discard(6) == 1 and b.pending() == 0
-    finally:
-        a.close()
-        b.close()
 
 
 def test_shaping_emulates_a_slow_link() -> None:
