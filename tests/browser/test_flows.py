@@ -32,6 +32,14 @@ HOVER = """([uid, start]) => {
     b => b.device === uid && b.kind === 'send' && b.microbatch === 1 && b.start === start);
   return [bar.x, bar.yPx];
 }"""
+# what the page shows where the pointer is: the element, the bar the hover picks, the arrows
+SEEN = """([x, y]) => {
+  const at = document.elementFromPoint(x, y);
+  return {element: at ? at.tagName + '.' + (at.getAttribute('class') || '') : null, pointer: [x, y],
+          picked: EdgePipe.runPage.ganttPick(x, y), shown: EdgePipe.runPage.gantt(),
+          arrows: (document.getElementById('gantt').layout.annotations || [])
+            .filter(a => a.name === 'flow')};
+}"""
 ARROWS = """() => (document.getElementById('gantt').layout.annotations || [])
   .filter(a => a.name === 'flow').map(a => [a.ax, a.x])"""
 
@@ -90,5 +98,6 @@ def hover_until(page: Any, uid: str, start: float, arrows: list[list[float]]) ->
             return
         except PlaywrightTimeout:
             if time.monotonic() > deadline:
-                raise
+                raise AssertionError(f"no flow {arrows} from {uid}'s send at {start}: "
+                                     f"{page.evaluate(SEEN, [x, y])}") from None
             page.mouse.move(5, 5)  # off, to hover anew

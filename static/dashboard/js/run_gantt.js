@@ -600,6 +600,12 @@
     });
   };
   EP.runPage.ganttStore = function () { return store; };
+  /* what the pointer at (clientX, clientY) is over, as the hover sees it: {layer, ...the event
+     or bar} or null (for the tests' diagnostics) */
+  EP.runPage.ganttPick = function (x, y) {
+    const hit = layer.pick(x, y);
+    return hit ? Object.assign({ layer: hit.layer }, hit.item) : null;
+  };
 
   R.renderGantt = renderGantt;
   R.ganttFrame = askFrame;
