@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import zmq
@@ -21,10 +21,11 @@ def link(a: DataPlane, b: DataPlane) -> None:
 
 
 @contextlib.contextmanager
-def linked_planes(**receiver: Any) -> Iterator[tuple[DataPlane, DataPlane]]:
-    """Two planes on 127.0.0.1, ``a`` linked to ``b`` (:func:`link`; ``receiver``: more of
-    ``b``'s DataPlane arguments), both closed at the end."""
-    a = DataPlane(bind="tcp://127.0.0.1:0")
+def linked_planes(sender: Mapping[str, Any] | None = None,
+                  **receiver: Any) -> Iterator[tuple[DataPlane, DataPlane]]:
+    """Two planes on 127.0.0.1, ``a`` linked to ``b`` (:func:`link`; ``sender`` and
+    ``receiver``: more of ``a``'s and ``b``'s DataPlane arguments), both closed at the end."""
+    a = DataPlane(bind="tcp://127.0.0.1:0", **(sender or {}))
     b = DataPlane(bind="tcp://127.0.0.1:0", **receiver)
     try:
         link(a, b)

@@ -240,12 +240,8 @@ def test_a_late_message_of_another_run_is_never_taken_for_this_runs() -> None:
 
 def test_shaping_emulates_a_slow_link() -> None:
     sends = []
-    a = DataPlane(bind="tcp://127.0.0.1:0", shaping=Shaping(bandwidth_bps=1_000_000,
-                                                             latency_s=0.05),
-                  on_send=sends.append)
-    b = DataPlane(bind="tcp://127.0.0.1:0")
-    try:
-        link(a, b)
+    shaping = Shaping(bandwidth_bps=1_000_000, latency_s=0.05)
+    with linked_planes({"shaping": shaping, "on_send": sends.append}) as (a, b):
         tensor = torch.zeros(50_000, dtype=torch.uint8)  # 50 kB at 1 MB/s = 50 ms + 50 ms
         started = time.monotonic()
         for m in range(3):
@@ -259,20 +255,14 @@ def test_shaping_emulates_a_slow_link() -> None:
         assert [s.nbytes for s in sends] == [50_000] * 3
         assert all(s.end - s.start >= 0.095 for s in sends)
         assert [round(s.start - sends[0].start, 2) for s in sends] == [0.0, 0.05, 0.1]
-    finally:
-        a.close()
-        b.close()
 
 
 def test_latency_delays_messages_without_holding_the_line() -> None:
     # the latency is a propagation delay: back-to-back messages are in flight together, as on
     # a real network and in the time models (each held the line for the latency, and 20 small
     # messages of a PipeLearn iteration took 20 latencies where the time model counts one)
-    a = DataPlane(bind="tcp://127.0.0.1:0", shaping=Shaping(bandwidth_bps=100_000_000,
-                                                             latency_s=0.2))
-    b = DataPlane(bind="tcp://127.0.0.1:0")
-    try:
-        link(a, b)
+    with linked_planes({"shaping": Shaping(bandwidth_bps=100_000_000, latency_s=0.2)}
+                       ) as (a, b):
         tensor = torch.zeros(10, dtype=torch.uint8)
         started = time.monotonic()
         for m in range(20):
@@ -284,9 +274,6 @@ def test_latency_delays_messages_without_holding_the_line() -> None:
         elapsed = time.monotonic() - started
         assert first is not None and first >= 0.19  # each still arrives after the latency
         assert elapsed < 2.0  # not 20 x 0.2 s
-    finally:
-        a.close()
-        b.close()
 
 
 def test_a_peer_that_answers_late_is_still_measured() -> None:
@@ -362,10 +349,7 @@ def test_a_bulk_round_trip_slowed_by_a_stall_does_not_set_the_bandwidth() -> Non
 
 def test_a_send_with_its_header_reports_that_header_and_delivers() -> None:
     sent: list[SendRecord] = []
-    a = DataPlane(bind="tcp://127.0.0.1:0", on_send=sent.append)
-    b = DataPlane(bind="tcp://127.0.0.1:0")
-    try:
-        link(a, b)
+    with linked_planes({"on_send": sent.append}) as (a, b):
         tensor = torch.ones(2, 3)
         header, frames = encode_message(run=4, kind="activation", microbatch=9, version=1,
                                         tensor=tensor, name="g0", sent_at=12.5)
@@ -374,9 +358,6 @@ def test_a_send_with_its_header_reports_that_header_and_delivers() -> None:
         got = b.receive(4, "activation", 9, name="g0", timeout_s=5)
         assert torch.equal(got.tensor, tensor) and got.header == header
         assert [r.header for r in sent] == [header] and sent[0].nbytes == 24
-    finally:
-        a.close()
-        b.close()
 
 
 def test_the_message_cost_is_measured_over_a_real_data_plane() -> None:
