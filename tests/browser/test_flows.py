@@ -32,16 +32,16 @@ HOVER = """([uid, start]) => {
     b => b.device === uid && b.kind === 'send' && b.microbatch === 1 && b.start === start);
   return [bar.x, bar.yPx];
 }"""
+# the flow arrows the Gantt draws (Plotly annotations), and each as [send start, receive end]
+FLOWS = """(document.getElementById('gantt').layout.annotations || [])
+  .filter(a => a.name === 'flow')"""
+ARROWS = f"() => {FLOWS}.map(a => [a.ax, a.x])"
 # what the page shows where the pointer is: the element, the bar the hover picks, the arrows
 SEEN = """([x, y]) => {
   const at = document.elementFromPoint(x, y);
   return {element: at ? at.tagName + '.' + (at.getAttribute('class') || '') : null, pointer: [x, y],
           picked: EdgePipe.runPage.ganttPick(x, y), shown: EdgePipe.runPage.gantt(),
-          arrows: (document.getElementById('gantt').layout.annotations || [])
-            .filter(a => a.name === 'flow')};
-}"""
-ARROWS = """() => (document.getElementById('gantt').layout.annotations || [])
-  .filter(a => a.name === 'flow').map(a => [a.ax, a.x])"""
+          arrows: """ + FLOWS + "};\n}"
 
 
 def test_hovering_a_send_draws_its_flow_to_the_receive(visit: Visit, server: Server):
