@@ -64,6 +64,27 @@ def test_healthy_answers_change_nothing_and_a_stale_suspect_is_ignored(
     assert not FaultEvent.objects.filter(run=run, kind="device_lost").exists()
 
 
+def test_a_probe_overtaken_by_a_recovery_loses_no_survivor(verdicts: list[int]) -> None:
+    # CI, two web processes: stage 0's timer fired (probe out), then the killed agent's
+    # connection closed and the recovery halted the survivors; their answers to the probe,
+    # after the halt, said they held no stage: both were taken for restarted and lost, and
+    # the run failed ("every device of the run was lost")
+    run = running_run()
+    first, middle, last = staged(run)
+    recovery.run_suspect(run=run, device=first, generation=0)
+    recovery.run_device_lost(device=middle, reason="its connection closed",
+                             detected_by="connection")
+    run.refresh_from_db()
+    for device in (first, last):  # halted: the stage is gone
+        recovery.run_probe_answered(run=run, device=device, holds=False)
+    assert recovery.probe_verdict(run.pk) == []
+    run.refresh_from_db()
+    assert run.state == Run.State.RECOVERING and run.recovery["lost"] == [middle.uid]
+    assert not Probe.objects.filter(run=run).exists()
+    assert [f.device for f in FaultEvent.objects.filter(run=run, kind="device_lost")] == [
+        middle.uid]
+
+
 def test_a_device_whose_stages_all_ended_is_not_taken_for_lost(verdicts: list[int]) -> None:
     # a split run's helper of a client counted out holds no stage any more: it answered a
     # probe without one, was taken for restarted and lost, and the run stayed recovering

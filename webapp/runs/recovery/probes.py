@@ -61,13 +61,21 @@ def run_probe_answered(*, run: Run, device: Device, holds: Any) -> None:
 def probe_verdict(run_id: int) -> list[str]:
     """The probe's countdown ran out: every device asked that did not answer holding its stage
     is lost, unless its stages have all ended meanwhile. Returns their uids (none when the
-    probe is gone: already judged)."""
+    probe is gone: already judged, or when the run has left the generation it probed: a
+    recovery that started meanwhile halted the survivors, whose answers then say they hold no
+    stage; its halts find the silent ones, HALT_TIMEOUT_S)."""
     with transaction.atomic():
         probe = Probe.objects.select_for_update().filter(run_id=run_id).first()
         if probe is None:
             return []
         asked, answers = list(probe.asked), dict(probe.answers)
         probe.delete()
+        run = Run.objects.get(pk=run_id)
+        if run.state != RunState.RUNNING or run.generation != probe.generation:
+            log.info("run %s: the probe of generation %s is moot (the run is %s at generation "
+                     "%s); answers %s", run_id, probe.generation, run.state, run.generation,
+                     answers)
+            return []
     ended = set(RunDevice.objects.filter(run_id=run_id, device__uid__in=asked,
                                          stage_state=RunDevice.StageState.DONE)
                 .values_list("device__uid", flat=True))  # its stages ended since it was asked
