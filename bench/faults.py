@@ -38,9 +38,9 @@ out); the throughput the ``optimal`` planner predicts for the survivors on their
 the measured after over it (the acceptance asks for at least 0.9, and a recovery of at most
 3 s; FTPipeHD reports 2.24 s); the plan after the recovery, the capacities it was planned
 with, the micro-batches trained again and the weights' bytes moved. Every agent is restarted
-(same enrolment) before the next run (restart_agents says why the survivors too). Prints a
-table and, last, one JSON line. Runs on the embedded default, in a fresh var directory whose
-path it prints (the processes' logs are in its demo/logs/).
+(same enrolment) before the next run (bench.testbed.restart_agents says why the survivors
+too). Prints a table and, last, one JSON line. Runs on the embedded default, in a fresh var
+directory whose path it prints (the processes' logs are in its demo/logs/).
 """
 
 from __future__ import annotations
@@ -49,11 +49,8 @@ import argparse
 import json
 import logging
 import os
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -62,7 +59,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.testbed import free_port, setup_django  # noqa: E402  (the path above makes it importable)
+from bench.cpu_sampler import CpuSampler, agents_waiting  # noqa: E402  (the path above makes it importable)
+from bench.testbed import free_port, restart_agents, setup_django  # noqa: E402
 
 # every agent, over one core of this machine (each runs torch on one thread). The papers'
 # testbed (data/profiles) puts a Raspberry Pi 4 at 1/48 of an 8-core VM and a Jetson Nano's CPU
@@ -97,163 +95,7 @@ def setup(var_dir: str) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
-# --------------------------------------------------------------------------- agents
-
-
-def agent_command(testbed: Any, agent: Any) -> list[str]:
-    """The command LocalTestbed starts ``agent`` with, for an agent already enrolled."""
-    command = [sys.executable, "-m", "agent", "run", "--config",
-               str(testbed.agent_config(agent)), "--server", testbed.url,
-               "--name", agent.name, "--threads", "1",
-               "--slowdown", str(agent.slowdown), "--latency-ms", str(agent.latency_ms)]
-    if agent.bandwidth_mbps is not None:
-        command += ["--bandwidth-mbps", str(agent.bandwidth_mbps)]
-    return command
-
-
-def stop_agents(testbed: Any, *, grace_s: float = 15.0) -> None:
-    """Stop every agent's process as Ctrl-C would (SIGTERM to each process group, all at once;
-    SIGKILL after ``grace_s``); their exits are expected (ProcessGroup.exited skips them)."""
-    children = [testbed.processes.children[testbed.agent_process(a)] for a in testbed.agents]
-    running = []
-    for child in children:
-        child.killed = True
-        if child.process is not None and child.process.poll() is None:
-            os.killpg(child.process.pid, signal.SIGTERM)
-            running.append(child.process)
-    deadline = time.monotonic() + grace_s
-    for process in running:
-        try:
-            process.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-
-
-def restart_agents(testbed: Any) -> None:
-    """Start every agent afresh (the killed ones again, the survivors after stopping them) and
-    wait until all their devices are online, with a heartbeat sent after the restart.
-
-    Survivors are restarted too because an agent's data plane keeps its socket to a peer for
-    as long as it runs (agent.transport.DataPlane: one PUSH socket per peer uid, opened at the
-    first send and never re-opened when ``connect`` gives the peer a new address). A killed
-    agent comes back on a new data port, so a survivor that ever sent to it (its predecessor
-    in a plan, or a link measurement) would keep sending to the dead port: the next run that
-    needs that link never starts training."""
-    from django.utils.dateparse import parse_datetime
-
-    from webapp.demo.client import wait_for
-
-    since = time.time()
-    stop_agents(testbed)
-    for agent in testbed.agents:
-        testbed.processes.start(testbed.agent_process(agent), agent_command(testbed, agent))
-    wanted = {d["uid"] for d in testbed.devices}
-
-    def online() -> bool:
-        testbed.check_children()
-        ready = [d for d in testbed.api.get("/api/devices/") if d["uid"] in wanted
-                 and d["status"] in ("online", "busy") and d["last_heartbeat_at"]
-                 and parse_datetime(d["last_heartbeat_at"]).timestamp() > since]
-        return len(ready) == len(wanted)
-
-    wait_for(online, timeout_s=120, what="the restarted agents to come back online")
-    say(f"  restarted the agents ({time.time() - since:.1f} s to come back online)")
-
-
 # --------------------------------------------------------------------------- one run
-
-
-SAMPLE_S = 0.5  # how often CpuSampler reads the processes' threads
-
-
-class CpuSampler:
-    """What each of the testbed's processes used of the machine's cores, and how long its
-    threads were ready to run but waited for a core (Linux's per-thread schedstat: time on a
-    core, time runnable on a run queue), sampled every SAMPLE_S on a thread of its own. Sampled
-    rather than read at the end: a stage's thread has exited by the time its run has ended,
-    and what it used and waited would be lost with it. ``window`` reads any part of a run
-    afterwards (the steady state after the resumption, say)."""
-
-    def __init__(self, testbed: Any) -> None:
-        self.testbed = testbed
-        self.ticks: list[tuple[float, float, dict[str, tuple[float, float]]]] = []
-        self._last: dict[tuple[int, str], tuple[int, int]] = {}
-        self._known: set[int] = set()  # processes sampled before (a new one starts uncounted)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="cpu-sampler", daemon=True)
-        self._at = time.time()
-
-    def __enter__(self) -> CpuSampler:
-        self._sample()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self._sample()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(SAMPLE_S):
-            self._sample()
-
-    def _pids(self) -> dict[int, str]:
-        out = {}
-        for name, child in list(self.testbed.processes.children.items()):
-            if child.process is not None and child.process.poll() is None:
-                out[child.process.pid] = name.removeprefix("agent-")
-        return out
-
-    def _sample(self) -> None:
-        now = time.time()
-        seen: dict[tuple[int, str], tuple[int, int]] = {}
-        used: dict[str, tuple[float, float]] = {}
-        pids = self._pids()
-        for pid, name in pids.items():
-            try:
-                tids = os.listdir(f"/proc/{pid}/task")
-            except OSError:
-                continue
-            for tid in tids:
-                try:
-                    with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
-                        on_ns, waiting_ns = (int(x) for x in f.read().split()[:2])
-                except (OSError, ValueError):
-                    continue
-                seen[(pid, tid)] = (on_ns, waiting_ns)
-                if pid not in self._known:
-                    continue
-                # a thread new since the last sample counts from its start
-                was_on, was_waiting = self._last.get((pid, tid), (0, 0))
-                cpu, wait = used.get(name, (0.0, 0.0))
-                used[name] = (cpu + (on_ns - was_on) / 1e9, wait + (waiting_ns - was_waiting) / 1e9)
-        self._known |= set(pids)
-        self._last = seen
-        self.ticks.append((self._at, now, used))
-        self._at = now
-
-    def window(self, start: float, end: float) -> dict[str, dict[str, float]]:
-        """Per process, over the samples that lie within [start, end] (epoch seconds): the
-        cores it used and the cores' worth of its threads that waited for one."""
-        inside = [(a, b, used) for a, b, used in self.ticks if a >= start and b <= end]
-        span = sum(b - a for a, b, _ in inside)
-        if span <= 0:
-            return {}
-        total: dict[str, list[float]] = {}
-        for _, _, used in inside:
-            for name, (cpu, wait) in used.items():
-                acc = total.setdefault(name, [0.0, 0.0])
-                acc[0] += cpu
-                acc[1] += wait
-        return {name: {"cores": round(cpu / span, 3), "waiting": round(wait / span, 3)}
-                for name, (cpu, wait) in sorted(total.items())}
-
-
-def agents_waiting(cpu: dict[str, dict[str, float]]) -> float | None:
-    """The agents' threads' wait for a core, summed (cores' worth)."""
-    waits = [v["waiting"] for name, v in cpu.items() if name not in ("web", "worker")]
-    return round(sum(waits), 3) if waits else None
 
 
 def subset(devices: Any, keep: Sequence[str]) -> Any:

@@ -8,7 +8,7 @@ import sys
 import time
 from types import SimpleNamespace
 
-from bench.faults import CpuSampler, agents_waiting
+from bench.cpu_sampler import CpuSampler, agents_waiting
 
 # 1.2 s of its own CPU time (longer than the sampler's interval), however long a loaded
 # machine makes that take (a wall second of spinning got under 0.3 s of a core on a loaded
