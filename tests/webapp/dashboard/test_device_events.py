@@ -109,7 +109,7 @@ def test_the_devices_socket_refuses_a_page_without_a_session():
 def test_an_agents_profiling_progress_and_failure_reach_the_devices_page():
     # Regression: profiling progress and failures were only logged, so the device's page
     # waited for a profile that would never come.
-    from tests.webapp.gateway.test_agent_gateway import agent
+    from tests.webapp.gateway.agents import agent
 
     device = DeviceFactory(data_address="")
     headers = session_headers()

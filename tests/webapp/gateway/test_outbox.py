@@ -13,7 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from tests.webapp.factories import DeviceFactory
-from tests.webapp.gateway.test_agent_gateway import agent
+from tests.webapp.gateway.agents import agent
 from webapp import celery as celery_app
 from webapp.devices import commands
 from webapp.devices.models import PendingCommand

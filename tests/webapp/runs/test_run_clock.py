@@ -12,7 +12,7 @@ from channels.db import database_sync_to_async
 from django.utils import timezone
 
 from tests.webapp.factories import DeviceFactory, LayerProfileFactory, ModelSpecFactory, RunFactory
-from tests.webapp.gateway.test_agent_gateway import _recover, connect_all, planned_run
+from tests.webapp.gateway.agents import connect_all, planned_run, recover
 from webapp.devices.models import Device
 from webapp.runs import services
 from webapp.runs.models import FaultEvent, MetricPoint, Run, TimelineEvent
@@ -103,7 +103,7 @@ def test_a_run_started_again_that_loses_a_device_as_it_starts_goes_on_with_its_c
         for a in agents:
             assert (await a.receive_json_from(timeout=5))["command"] == "deploy"
         await agents[2].disconnect()  # lost before any stage was ready
-        _, _, starts = await _recover(agents[:2], [[], []], run)
+        _, _, starts = await recover(agents[:2], [[], []], run)
         started = await database_sync_to_async(Run.objects.get)(pk=run.pk)
         for a in agents[:2]:
             await a.disconnect()
