@@ -40,10 +40,10 @@ def runs_fail_stalled() -> list[int]:
 
 @shared_task(autoretry_for=(OperationalError, InterfaceError), retry_backoff=True,
              max_retries=5)
-def probe_verdict(run_id: int) -> list[str]:
+def probe_verdict(run_id: int, generation: int | None = None) -> list[str]:
     """A probe's countdown ran out: the devices that did not answer are lost (see
     :func:`webapp.runs.recovery.probe_verdict`)."""
-    return recovery.probe_verdict(run_id)
+    return recovery.probe_verdict(run_id, generation)
 
 
 @shared_task(autoretry_for=(OperationalError, InterfaceError), retry_backoff=True,

@@ -26,7 +26,8 @@ def verdicts(monkeypatch) -> list[int]:  # type: ignore[no-untyped-def]
     """The probe verdicts scheduled (the tests judge by hand: tasks run eagerly here, and
     the countdown would judge before any answer)."""
     scheduled: list[int] = []
-    monkeypatch.setattr(recovery.probes, "probe_verdict_schedule", scheduled.append)
+    monkeypatch.setattr(recovery.probes, "probe_verdict_schedule",
+                        lambda run_id, generation: scheduled.append(run_id))
     return scheduled
 
 
@@ -83,6 +84,25 @@ def test_a_probe_overtaken_by_a_recovery_loses_no_survivor(verdicts: list[int]) 
     assert not Probe.objects.filter(run=run).exists()
     assert [f.device for f in FaultEvent.objects.filter(run=run, kind="device_lost")] == [
         middle.uid]
+
+
+def test_a_later_generation_s_probe_replaces_an_earlier_one_and_is_judged_alone(
+        verdicts: list[int]) -> None:
+    # a probe of generation 0 still waiting for its verdict kept generation 1's from going
+    # out ("a probe is already out"), and its verdict would have judged generation 1's
+    run = running_run()
+    first, middle, last = staged(run)
+    recovery.run_suspect(run=run, device=first, generation=0)
+    Run.objects.filter(pk=run.pk).update(generation=1)  # a recovery ended meanwhile
+    run.refresh_from_db()
+    recovery.run_suspect(run=run, device=first, generation=1)
+    assert verdicts == [run.pk, run.pk]
+    assert Probe.objects.get(run=run).generation == 1
+    recovery.run_probe_answered(run=run, device=first, holds=True)
+    recovery.run_probe_answered(run=run, device=last, holds=True)
+    assert recovery.probe_verdict(run.pk, 0) == []  # generation 0's verdict: nothing to judge
+    assert Probe.objects.filter(run=run, generation=1).exists()
+    assert recovery.probe_verdict(run.pk, 1) == [middle.uid]
 
 
 def test_a_device_whose_stages_all_ended_is_not_taken_for_lost(verdicts: list[int]) -> None:
@@ -149,12 +169,12 @@ def test_the_probe_is_shared_by_web_processes_and_judged_by_a_celery_task(
     first, middle, last = staged(run)
     with mock.patch("webapp.runs.tasks.probe_verdict.apply_async") as scheduled:
         recovery.run_suspect(run=run, device=first, generation=0)
-    scheduled.assert_called_once_with(args=[run.pk], countdown=settings.PROBE_TIMEOUT_S)
+    scheduled.assert_called_once_with(args=[run.pk, 0], countdown=settings.PROBE_TIMEOUT_S)
     for device in (first, middle, last):  # as if each answer reached another process
         recovery.run_probe_answered(run=Run.objects.get(pk=run.pk),
                                     device=Device.objects.get(pk=device.pk), holds=True)
     assert Probe.objects.get(run=run).answers == {d.uid: True for d in (first, middle, last)}
-    assert tasks.probe_verdict.apply(args=[run.pk]).get() == []
+    assert tasks.probe_verdict.apply(args=[run.pk, 0]).get() == []
     run.refresh_from_db()
     assert run.state == Run.State.RUNNING and not Probe.objects.filter(run=run).exists()
 

@@ -37,19 +37,23 @@ def run_suspect(*, run: Run, device: Device, generation: Any) -> None:
     # and the recovery that followed never ended
     staged = [rd.device.uid for rd in staged_devices(run)
               if rd.stage_state != RunDevice.StageState.DONE]
+    generation = run.generation
     with transaction.atomic():
+        # an earlier generation's probe whose verdict has not come yet is moot (the verdict
+        # judges only its own generation's) and would keep this one from going out
+        Probe.objects.filter(run=run).exclude(generation=generation).delete()
         _, created = Probe.objects.get_or_create(
-            run=run, defaults={"generation": run.generation, "asked": staged, "answers": {}})
+            run=run, defaults={"generation": generation, "asked": staged, "answers": {}})
         if not created:
             return  # a probe is already out
-        transaction.on_commit(lambda: probe_verdict_schedule(run.pk))
+        transaction.on_commit(lambda: probe_verdict_schedule(run.pk, generation))
     for uid in staged:
         device_command_send(uid=uid, command=command_build("probe", run=run.pk))
 
-def probe_verdict_schedule(run_id: int) -> None:
+def probe_verdict_schedule(run_id: int, generation: int) -> None:
     from webapp.runs.tasks import probe_verdict  # the tasks module imports this one
 
-    probe_verdict.apply_async(args=[run_id], countdown=settings.PROBE_TIMEOUT_S)
+    probe_verdict.apply_async(args=[run_id, generation], countdown=settings.PROBE_TIMEOUT_S)
 
 @transaction.atomic
 def run_probe_answered(*, run: Run, device: Device, holds: Any) -> None:
@@ -58,15 +62,17 @@ def run_probe_answered(*, run: Run, device: Device, holds: Any) -> None:
         probe.answers = {**probe.answers, device.uid: bool(holds)}
         probe.save(update_fields=["answers"])
 
-def probe_verdict(run_id: int) -> list[str]:
-    """The probe's countdown ran out: every device asked that did not answer holding its stage
-    is lost, unless its stages have all ended meanwhile. Returns their uids (none when the
-    probe is gone: already judged, or when the run has left the generation it probed: a
-    recovery that started meanwhile halted the survivors, whose answers then say they hold no
-    stage; its halts find the silent ones, HALT_TIMEOUT_S)."""
+def probe_verdict(run_id: int, generation: int | None = None) -> list[str]:
+    """The countdown of the run's probe of ``generation`` ran out: every device asked that did
+    not answer holding its stage is lost, unless its stages have all ended meanwhile. Returns
+    their uids (none when the probe is gone: already judged or replaced by a later
+    generation's, whose own verdict judges it; none either when the run has left the
+    generation it probed: a recovery that started meanwhile halted the survivors, whose
+    answers then say they hold no stage; its halts find the silent ones, HALT_TIMEOUT_S).
+    ``generation`` None: whichever probe is out (a verdict queued by an older server)."""
     with transaction.atomic():
         probe = Probe.objects.select_for_update().filter(run_id=run_id).first()
-        if probe is None:
+        if probe is None or generation not in (None, probe.generation):
             return []
         asked, answers = list(probe.asked), dict(probe.answers)
         probe.delete()
