@@ -34,6 +34,14 @@ def lab(server: Server) -> tuple[int, list[dict[str, Any]]]:
     return enrol(server.api(), spec, devices[:3])
 
 
+def summary(page: Any) -> tuple[int, int]:
+    """The Devices page's counts: online (training or not), and training."""
+    text = page.inner_text("#devices-summary")
+    found = re.fullmatch(r"(\d+) online \((\d+) training\) · \d+ offline", text)
+    assert found is not None, text
+    return int(found.group(1)), int(found.group(2))
+
+
 def test_log_in_then_enrol_a_device_and_see_it_come_online(visit: Visit, server: Server):
     page = visit.page
     # a page asks for the login first, then comes back
@@ -70,11 +78,15 @@ def test_log_in_then_enrol_a_device_and_see_it_come_online(visit: Visit, server:
     row = f'tr[data-device="{device["uid"]}"]'
     page.wait_for_selector(f"{row} .badge-online", timeout=LIVE_WITHIN_S)
     assert "Cortex-A72" in page.inner_text(row)
+    assert summary(page)[0] >= 1
     # a heartbeat saying it trains makes it busy, still without a reload
     beat = agent_client(server).post("/api/agent/heartbeat/", json={"status": "busy"},
                                      headers={"Authorization": device["authorization"]})
     assert beat.status_code == 200, beat.text
     page.wait_for_selector(f"{row} .badge-busy", timeout=LIVE_WITHIN_S)
+    # counted online as the overview counts it (the page said "0 online · 1 busy")
+    online, training = summary(page)
+    assert online >= training >= 1
     visit.screenshot("devices-live")
     # the device's own page, renamed through its form
     page.click(f"{row} a.name")

@@ -48,8 +48,9 @@
     $("devices-table").hidden = shown.length === 0;
     const counts = { online: 0, busy: 0, offline: 0 };
     all.forEach(function (d) { if (d.status in counts) counts[d.status] += 1; });
-    $("devices-summary").textContent = counts.online + " online · " + counts.busy + " busy · " +
-      counts.offline + " offline";
+    // "online" as the overview counts it: every device with its agent connected, training or not
+    $("devices-summary").textContent = (counts.online + counts.busy) + " online (" + counts.busy +
+      " training) · " + counts.offline + " offline";
     body.replaceChildren();
     const now = Date.now();
     for (const d of shown) {
