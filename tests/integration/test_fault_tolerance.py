@@ -60,7 +60,10 @@ def demo(var: Path, kill: str, extra: list[str], plan: str = "ftpipehd") -> dict
          "--model", "mlp", "--dataset", "digits", "--plan", plan,
          "--microbatches", str(MICROBATCHES), "--batches", str(BATCHES),
          "--kill-agent-at-batch", str(FAULT_BATCH), "--kill-agent", kill,
-         "--repartition-every", "0", *extra],  # the failure's recovery alone
+         "--repartition-every", "0",  # the failure's recovery alone
+         # the MLP learns at the runs' default rate; the demo's own for the asynchronous 1F1B
+         # (0.02, for VGG-5) would take longer than these short runs to show it
+         "--lr", "0.1", *extra],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
                      for p in sorted((var / "demo" / "logs").glob("*.log")))

@@ -24,6 +24,12 @@ from webapp.demo.triggers import When
 from webapp.runs.models import AGGREGATE_EVERY_MAX, LR_MAX, MOMENTUM_MAX
 
 HEADLESS_BATCHES = 100  # a headless demo's run, without --batches
+# the learning rate of an asynchronous 1F1B demo run with vertical sync (the run's default)
+# and without --lr. Under vertical sync every stage forwards on stage 0's weights, stale by
+# the pipeline's lag less one (4 updates on the demo's FTPipeHD plan, in flight 5, 3, 1); at
+# the runs' default, 0.1, VGG-5 never learned there (its loss rose to 5, then stayed at
+# ln 10), at 0.02 it reached 87% in 30 s (docs/benchmarks.md, "The demo's learning rate")
+ASYNC_LR = 0.02
 
 
 @dataclass(frozen=True)
@@ -53,10 +59,19 @@ class DemoOptions:
     slow_agent_at: float | None = None  # seconds into the run: slow an agent down (heat)
     slow_agent: str = ""  # which (default: the device of the plan's middle stage)
     slow_to: float = 20.0  # how many times slower than this machine
-    lr: float | None = None  # SGD learning rate of the run (None: the run's default, 0.1)
+    # SGD learning rate of the run (None: ASYNC_LR under 1F1B with vertical sync, else the
+    # run's default, 0.1)
+    lr: float | None = None
     momentum: float | None = None  # SGD momentum of the run (None: the run's default, 0)
     vertical_sync: bool | None = None  # 1F1B's vertical sync (None: the run's default, on)
     aggregate_every: int | None = None  # 1F1B's weight aggregation (None: the default, 0: off)
+
+    def run_lr(self) -> float | None:
+        """--lr, else ASYNC_LR under the asynchronous 1F1B with vertical sync, else the run's
+        default."""
+        if self.lr is not None or synchronous(self.schedule) or self.vertical_sync is False:
+            return self.lr
+        return ASYNC_LR
 
     def batches_to_train(self) -> int:
         """--batches, else 100 headless, else as many as a run may train
@@ -167,7 +182,7 @@ def run_demo(options: DemoOptions, *, say: Callable[[str], None] = print
             spec, devices=testbed.devices, algorithms=algorithms, schedule=o.schedule,
             name=f"demo: {o.model} on {o.dataset} over {len(testbed.devices)} devices",
             microbatches=o.microbatches, batches=o.batches_to_train(),
-            repartition_every=o.repartition_every, lr=o.lr, momentum=o.momentum,
+            repartition_every=o.repartition_every, lr=o.run_lr(), momentum=o.momentum,
             vertical_sync=o.vertical_sync, aggregate_every=o.aggregate_every,
             chain_every=o.chain_every, global_every=o.global_every)
         say(f"  {compared['reason']}")

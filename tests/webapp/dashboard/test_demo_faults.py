@@ -26,7 +26,7 @@ from orchestrator.schedule import MAX_MICROBATCHES
 from tests.webapp.factories import RunFactory
 from tests.webapp.integration.stack import free_port
 from webapp.demo.client import DemoError
-from webapp.demo.demo import DemoOptions, run_demo, stop_run
+from webapp.demo.demo import ASYNC_LR, DemoOptions, run_demo, stop_run
 from webapp.demo.management.commands.demo import Command
 from webapp.demo.processes import ProcessGroup
 from webapp.demo.scenario import DEFAULT_AGENTS, SERVER_NICE, DemoAgent, LocalTestbed
@@ -251,6 +251,19 @@ def test_the_demo_passes_vertical_sync_and_weight_aggregation_to_its_run(monkeyp
     finally:
         signal.signal(signal.SIGTERM, sigterm)
     assert [(o.vertical_sync, o.aggregate_every) for o in taken] == [chosen]
+
+
+@pytest.mark.parametrize(("changes", "lr"), [
+    ({}, ASYNC_LR),  # the default schedule, 1F1B: its stale weights kept VGG-5 from learning
+    ({"lr": 0.1}, 0.1),
+    ({"vertical_sync": False}, None),  # each stage on its newest weights: it learns at 0.1
+    ({"schedule": "1f1b-sync"}, None),  # the run's default, 0.1
+    ({"schedule": "gpipe", "lr": 0.3}, 0.3),
+])
+def test_the_demo_trains_the_asynchronous_1f1b_at_a_lower_rate_unless_told(changes, lr):
+    # the demo's own run (VGG-5, FTPipeHD, 1F1B, the runs' default 0.1) never learned: its loss
+    # rose to 5 and stayed at ln 10 (tests/integration/test_pipeline_training.py trains it)
+    assert DemoOptions(**changes).run_lr() == lr
 
 
 class RecordingApi:

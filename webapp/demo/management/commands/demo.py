@@ -129,7 +129,9 @@ class Command(BaseCommand):
                             help="how many times slower than this machine (default 20)")
         parser.add_argument("--lr", type=float, default=None, metavar="LR",
                             help="SGD learning rate of the run, above 0 and at most 100 "
-                                 "(default 0.1)")
+                                 "(default 0.02 under --schedule 1f1b with vertical sync, "
+                                 "whose stale weights kept VGG-5 from learning at 0.1; else "
+                                 "0.1)")
         parser.add_argument("--momentum", type=float, default=None, metavar="M",
                             help="SGD momentum of the run, from 0 to 0.999 (default 0); its "
                                  "buffers are replicated and restored with the weights")
