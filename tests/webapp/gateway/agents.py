@@ -71,13 +71,12 @@ async def deployed(devices: Sequence[Device], run: Run
     return agents, deploys, [await a.receive_json_from(timeout=5) for a in agents]
 
 
-def running(devices: list[Any], run: Run):  # type: ignore[no-untyped-def]
+async def running(devices: Sequence[Device], run: Run
+                  ) -> tuple[list[WebsocketCommunicator], list[dict[str, Any]]]:
     """Connect the agents, start the run, ack every deployment; the agents and their specs."""
-    async def go() -> tuple[list[Any], list[dict[str, Any]]]:
-        agents, deploys, starts = await deployed(devices, run)
-        assert [s["command"] for s in starts] == ["start"] * len(agents)
-        return agents, [d["spec"] for d in deploys]
-    return go
+    agents, deploys, starts = await deployed(devices, run)
+    assert [s["command"] for s in starts] == ["start"] * len(agents)
+    return agents, [d["spec"] for d in deploys]
 
 
 def holdings(spec: dict[str, Any], specs: list[dict[str, Any]], applied: int

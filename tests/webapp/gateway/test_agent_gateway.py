@@ -210,7 +210,7 @@ def test_a_stage_measures_its_devices_overhead_and_the_run_keeps_the_one_it_was_
     run, devices = planned_run()  # planned with the devices' overhead_s (their probes'): 0
 
     async def scenario() -> tuple[list[dict[str, Any]], str, Run]:
-        agents, _ = await running(devices, run)()
+        agents, _ = await running(devices, run)
         refused = []
         for bad in ({"overhead_s": -1},  # more inside the passes than in all:
                     {"overhead_s": 0.001, "pass_overhead_s": 0.002}):

@@ -21,7 +21,7 @@ def test_an_agent_that_disappears_makes_the_run_recover_without_it() -> None:
     run, devices = planned_run()
 
     async def scenario() -> tuple[list[dict[str, Any]], list[dict[str, Any]], Run]:
-        agents, specs = await running(devices, run)()
+        agents, specs = await running(devices, run)
         await agents[1].disconnect()  # the middle stage's agent
         survivors = [agents[0], agents[2]]
         halts, deploys, starts = await recover(
@@ -67,7 +67,7 @@ def test_a_paused_run_that_loses_a_device_recovers_paused_and_resumes_when_asked
     run, devices = planned_run()
 
     async def scenario() -> tuple[Run, list[dict[str, Any]], Run, list[dict[str, Any]]]:
-        agents, specs = await running(devices, run)()
+        agents, specs = await running(devices, run)
         await database_sync_to_async(services.run_pause)(run=run)
         for a in agents:
             assert (await a.receive_json_from(timeout=5))["command"] == "pause"
@@ -100,7 +100,7 @@ def test_a_pause_asked_for_during_a_recovery_pauses_the_run_when_it_ends() -> No
     run, devices = planned_run()
 
     async def scenario() -> tuple[Run, Run, list[dict[str, Any]]]:
-        agents, specs = await running(devices, run)()
+        agents, specs = await running(devices, run)
         await agents[1].disconnect()
         pausing = await database_sync_to_async(services.run_pause)(run=run)
         survivors = [agents[0], agents[2]]
@@ -128,7 +128,7 @@ def test_a_recovery_with_a_layer_copied_nowhere_starts_again_from_the_seed() -> 
     run, devices = planned_run()
 
     async def scenario() -> list[dict[str, Any]]:
-        agents, specs = await running(devices, run)()
+        agents, specs = await running(devices, run)
         await agents[1].disconnect()
         for a, spec in zip([agents[0], agents[2]], [specs[0], specs[2]], strict=True):
             halt = await a.receive_json_from(timeout=5)
@@ -199,7 +199,7 @@ def test_a_lost_replica_shrinks_its_group_or_replans_whichever_pays(bandwidth_bp
                                device_fields={"bandwidth_bps": bandwidth_bps})
 
     async def scenario() -> tuple[list[dict[str, Any]], Run]:
-        agents, specs = await running(devices, run)()
+        agents, specs = await running(devices, run)
         assert all(s["stage_devices"] == [[d.uid for d in devices]] for s in specs)
         await agents[1].disconnect()
         survivors = [agents[0], agents[2]]
